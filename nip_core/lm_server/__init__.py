@@ -1,0 +1,1 @@
+"""Self-hosted language-model server with an OpenAI-compatible API (chat, files, fine-tuning)."""
