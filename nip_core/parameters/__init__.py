@@ -1,0 +1,79 @@
+"""The configuration API: nested, validated, serialisable experiment parameters.
+
+    from nip_core.parameters import HyperParameters
+    params = HyperParameters(scenario="code_validation", trainer="pure_text_malt",
+                             dataset="humaneval-buggy", rl={"num_iterations": 4})
+    params.get("agents.verifier.lora_rank")          # 64, via the "_default" agent
+    HyperParameters.from_dict(params.to_dict()) == params
+
+Load from YAML/JSON with dotted overrides via `load_hyper_params(path, ["rl.num_iterations=2"])`.
+"""
+
+from nip_core.parameters.agents import (
+    DEFAULT_AGENT,
+    AgentParameters,
+    AgentsParameters,
+    AgentUpdateSchedule,
+    ConstantUpdateSchedule,
+    LrFactors,
+    PureTextAgentParameters,
+)
+from nip_core.parameters.base import (
+    BaseParameters,
+    ParameterValue,
+    parameter_class,
+    register_parameter_class,
+)
+from nip_core.parameters.hyper import (
+    HyperParameters,
+    InteractionProtocolType,
+    ScenarioType,
+    TrainerType,
+)
+from nip_core.parameters.protocols import (
+    CommonProtocolParameters,
+    DebateProtocolParameters,
+    MnipProtocolParameters,
+    NipProtocolParameters,
+)
+from nip_core.parameters.scenario import CodeValidationParameters, DatasetParameters
+from nip_core.parameters.trainers import (
+    PureTextEiParameters,
+    PureTextMaltParameters,
+    RlTrainerParameters,
+    TextRlParameters,
+)
+from nip_core.parameters.versions import convert_hyper_param_dict, register_conversion
+
+SubParameters = BaseParameters  # nip's name for the base of sub-parameter groups
+
+__all__ = [
+    "DEFAULT_AGENT",
+    "AgentParameters",
+    "AgentUpdateSchedule",
+    "AgentsParameters",
+    "BaseParameters",
+    "CodeValidationParameters",
+    "CommonProtocolParameters",
+    "ConstantUpdateSchedule",
+    "DatasetParameters",
+    "DebateProtocolParameters",
+    "HyperParameters",
+    "InteractionProtocolType",
+    "LrFactors",
+    "MnipProtocolParameters",
+    "NipProtocolParameters",
+    "ParameterValue",
+    "PureTextAgentParameters",
+    "PureTextEiParameters",
+    "PureTextMaltParameters",
+    "RlTrainerParameters",
+    "ScenarioType",
+    "SubParameters",
+    "TextRlParameters",
+    "TrainerType",
+    "convert_hyper_param_dict",
+    "parameter_class",
+    "register_conversion",
+    "register_parameter_class",
+]

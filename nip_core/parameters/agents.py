@@ -1,0 +1,203 @@
+"""Per-agent parameters and the agents mapping with its `"_default"` fallback.
+
+`PureTextAgentParameters` keeps every field of nip's pure-text agent, including the tensor-era
+ones (learning-rate factors, update schedule, manual architecture, checkpoint loading) so that
+dicts written by nip load unchanged; the pipeline only reads the text-model fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Self
+
+from nip_core.parameters.base import (
+    TYPE_KEY,
+    BaseParameters,
+    ParameterValue,
+    register_parameter_class,
+    resolve_class,
+)
+from nip_core.parameters.validation import validate
+
+DEFAULT_AGENT = "_default"
+
+
+@register_parameter_class
+@dataclass(frozen=True)
+class LrFactors(BaseParameters):
+    """Learning-rate multipliers for the actor and critic parts (tensor-era, kept for compat)."""
+
+    actor: float = 1.0
+    critic: float = 1.0
+
+
+@dataclass(frozen=True)
+class AgentUpdateSchedule(BaseParameters):
+    """When an agent is updated during training (a value object: serialised with `_type`)."""
+
+
+@register_parameter_class
+@dataclass(frozen=True)
+class ConstantUpdateSchedule(AgentUpdateSchedule):
+    """The agent is updated on every iteration (the only schedule the text trainers use)."""
+
+
+@dataclass(frozen=True)
+class AgentParameters(BaseParameters):
+    """Base of per-agent parameters; their dicts also say whether the agent acts randomly."""
+
+    is_random: ClassVar[bool] = False
+    EXTRA_DICT_KEYS: ClassVar[tuple[str, ...]] = ("is_random",)
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        out["is_random"] = self.is_random
+        return out
+
+    @classmethod
+    def _from_checked_dict(cls, params_dict: dict, kwargs: dict) -> Self:
+        flag = params_dict.get("is_random", cls.is_random)
+        if flag != cls.is_random:
+            raise ValueError(f"is_random={flag!r} does not match {cls.__name__}")
+        return super()._from_checked_dict(params_dict, kwargs)
+
+
+@register_parameter_class
+@dataclass(frozen=True)
+class PureTextAgentParameters(AgentParameters):
+    """A text agent that calls a chat-completion API (OpenAI, OpenRouter or self-hosted).
+
+    See the nip API page for field meanings; only one of `temperature`/`top_p` and exactly
+    one of `lora_alpha`/`lora_alpha_scale` may be set.
+    """
+
+    agent_lr_factor: LrFactors | dict | None = None
+    body_lr_factor: LrFactors | dict | None = None
+    update_schedule: AgentUpdateSchedule | dict = field(default_factory=ConstantUpdateSchedule)
+    use_manual_architecture: bool = False
+    normalize_message_history: bool = False
+    load_checkpoint_and_parameters: bool = False
+    checkpoint_entity: str = field(default_factory=str)
+    checkpoint_project: str = field(default_factory=str)
+    checkpoint_run_id: str | None = None
+    checkpoint_version: str = "latest"
+    use_orthogonal_initialisation: bool = True
+    orthogonal_initialisation_gain: float = 1.0
+    model_provider: Literal["OpenAI", "SelfHosted", "OpenRouter"] = "OpenAI"
+    model_name: str = "gpt-4o-mini-2024-07-18"
+    language_model_server_scheme_host: str = "http://localhost"
+    language_model_server_port: int = 5000
+    vllm_server_port: int = 8000
+    use_dummy_api: bool = False
+    shared_model_group: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    fine_tune_from_scratch: bool = True
+    freeze_agent: bool = False
+    quantization: Literal["bitsandbytes", "none"] = "none"
+    num_epochs: int | None = None
+    dpo_beta: float | None = None
+    use_lora: bool = True
+    lora_rank: int = 64
+    lora_alpha: int | None = None
+    lora_alpha_scale: float | None = 1.0
+    lora_dropout: float = 0.05
+    stack_lora_adapters: bool = False
+    per_device_train_batch_size: int = 2
+    system_prompt_template_path: str | None = None
+    use_supervisor_message: Literal["none", "all", "first", "all_but_first"] = "none"
+    supervisor_name: str = "Supervisor"
+    max_response_words: int = 150
+    max_tokens_per_message: int | None = None
+    num_invalid_generation_retries: int = 20
+
+    @classmethod
+    def construct_test_params(cls) -> Self:
+        """Defaults, but with the dummy API so tests make no real requests."""
+        return cls(use_dummy_api=True)
+
+    @property
+    def effective_lora_alpha(self) -> float:
+        """The LoRA alpha to use: `lora_alpha`, else `lora_rank * lora_alpha_scale`."""
+        if self.lora_alpha is not None:
+            return self.lora_alpha
+        return self.lora_rank * self.lora_alpha_scale  # type: ignore[operator]
+
+    @property
+    def effective_max_tokens(self) -> int:
+        """Generation limit: `max_tokens_per_message`, else 1.5 tokens per allowed word."""
+        if self.max_tokens_per_message is not None:
+            return self.max_tokens_per_message
+        return int(1.5 * self.max_response_words)
+
+
+def _build_agent(name: Any, value: Any, ignore_extra_keys: bool) -> AgentParameters:
+    if isinstance(value, AgentParameters):
+        return value
+    if isinstance(value, Mapping):
+        cls = resolve_class(dict(value), AgentParameters)
+        if cls is AgentParameters:  # no `_type`: the only concrete agent kind we have
+            cls = PureTextAgentParameters
+        return cls.from_dict(dict(value), ignore_extra_keys=ignore_extra_keys)
+    raise ValueError(f"agent {name!r}: expected agent parameters or a dict, got {value!r}")
+
+
+@register_parameter_class
+class AgentsParameters(dict, ParameterValue):
+    """Agent name -> parameters; `"_default"` stands in for any agent not listed.
+
+    Lookup (`[]`, `in`, `get`) falls back to `"_default"`; iteration shows only what is
+    stored. Agent names must not be substrings of each other (protocols match on names).
+    """
+
+    SKIPPED_KEYS: ClassVar[tuple[str, ...]] = (TYPE_KEY, "agents_update_repr")
+
+    def __init__(self, agents: Mapping[str, Any] | None = None, /, **named: Any) -> None:
+        items = {**(agents or {}), **named}
+        super().__init__({k: _build_agent(k, v, False) for k, v in items.items()})
+        validate(self)
+
+    def __getitem__(self, name: str) -> AgentParameters:
+        if dict.__contains__(self, name) or not dict.__contains__(self, DEFAULT_AGENT):
+            return dict.__getitem__(self, name)
+        return dict.__getitem__(self, DEFAULT_AGENT)
+
+    def __contains__(self, name: object) -> bool:
+        return dict.__contains__(self, name) or dict.__contains__(self, DEFAULT_AGENT)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self else default
+
+    def __repr__(self) -> str:
+        return f"AgentsParameters({dict.__repr__(self)})"
+
+    def __iter__(self) -> Iterator[str]:
+        return dict.__iter__(self)
+
+    def to_dict(self) -> dict:
+        """`{agent_name: agent.to_dict(), ...}`."""
+        return {name: agent.to_dict() for name, agent in self.items()}
+
+    @classmethod
+    def from_dict(cls, params_dict: Mapping, ignore_extra_keys: bool = False) -> Self:
+        """Rebuild from `to_dict` output, each agent dispatched by its `_type` key."""
+        if not isinstance(params_dict, Mapping):
+            raise ValueError(f"agents must be a mapping, got {type(params_dict).__name__}")
+        kept = {k: v for k, v in params_dict.items() if k not in cls.SKIPPED_KEYS}
+        return cls({k: _build_agent(k, v, ignore_extra_keys) for k, v in kept.items()})
+
+    @classmethod
+    def construct_test_params(cls) -> Self:
+        """Every agent uses the dummy-API test parameters."""
+        return cls({DEFAULT_AGENT: PureTextAgentParameters.construct_test_params()})
+
+    def with_agent(self, name: str, agent: AgentParameters) -> Self:
+        """A copy with `name` set to `agent` (this mapping is left unchanged)."""
+        return type(self)({**self, name: agent})
+
+    def replace_agent(self, name: str, **changes: Any) -> Self:
+        """A copy where agent `name` (created from `"_default"` if unlisted) has `changes`."""
+        return self.with_agent(name, dataclasses.replace(self[name], **changes))

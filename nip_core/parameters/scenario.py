@@ -1,0 +1,33 @@
+"""Scenario and dataset parameters for code validation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from nip_core.parameters.base import BaseParameters, register_parameter_class
+
+
+@register_parameter_class
+@dataclass(frozen=True)
+class CodeValidationParameters(BaseParameters):
+    """Which APPS problems and solutions the code-validation datasets use."""
+
+    apps_difficulty: Literal["introductory", "interview", "competition"] = "interview"
+    apps_solution_number: int = 0
+    apps_exclude_flagged: bool = True
+
+
+@register_parameter_class
+@dataclass(frozen=True)
+class DatasetParameters(BaseParameters):
+    """Size limits and source of the dataset.
+
+    `max_train_size`/`max_test_size` cut the splits after a shuffle seeded with
+    `reduce_shuffle_seed`; `local_path` points at a local copy (no downloads at run time).
+    """
+
+    max_train_size: int | None = None
+    max_test_size: int | None = None
+    reduce_shuffle_seed: int = 42
+    local_path: str | None = None

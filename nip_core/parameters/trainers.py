@@ -1,0 +1,74 @@
+"""Trainer parameters: the shared RL loop, text-RL options, Expert Iteration and MALT."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from nip_core.parameters.base import BaseParameters, register_parameter_class
+
+
+@register_parameter_class
+@dataclass(frozen=True)
+class RlTrainerParameters(BaseParameters):
+    """The outer training loop.
+
+    Our defaults are sized for API-based text training: nip's tensor-RL defaults
+    (1000 iterations, 1000 frames per batch, ten whole-test-set passes) would cost a fortune in
+    model calls, so we use 8 iterations of 20 rollouts and one test pass.
+    """
+
+    num_iterations: int = 8
+    rollouts_per_iteration: int = 20
+    num_test_iterations: int = 1
+    num_epochs: int = 1
+    learning_rate: float = 1e-5
+
+
+@register_parameter_class
+@dataclass(frozen=True)
+class TextRlParameters(BaseParameters):
+    """Options shared by the text trainers (EI and MALT).
+
+    `max_concurrent_requests` caps simultaneous model calls; `rollout_shard_size` is the number
+    of datapoints per checkpointed generation shard (both are ours, not nip's).
+    """
+
+    fine_tune_on_all_previous_rollouts: bool = False
+    verifier_guess_replacement_proportion: float = 0.0
+    verifier_guess_replacement_annealing: Literal["none", "linear", "exponential"] = "none"
+    verifier_guess_replacement_annealing_rate: float = 0.1
+    test_scheme: Literal["none", "all", "last", "first_and_last"] = "none"
+    test_on_whole_dataset: bool = True
+    max_concurrent_requests: int = 32
+    rollout_shard_size: int = 8
+
+
+@register_parameter_class
+@dataclass(frozen=True)
+class PureTextEiParameters(BaseParameters):
+    """Expert Iteration: which rollouts each agent is fine-tuned on."""
+
+    rollout_selection_method: Literal["threshold", "weighted_sampling"] = "threshold"
+    reward_threshold: float = 0.9
+    weighting_sample_size_factor: float = 0.5
+    weighting_minimum: float | None = None
+    weighting_use_replacement: bool = True
+    weighting_epsilon: float = 0.01
+
+
+@register_parameter_class
+@dataclass(frozen=True)
+class PureTextMaltParameters(BaseParameters):
+    """Multi-Agent LLM Training: response trees and DPO preference pairs.
+
+    `expected_reward_estimator` is ours: "monte_carlo" (a node's step reward plus the mean of
+    its children's values) or nip's "leaf_average" (subtree reward over its leaf count).
+    """
+
+    num_responses_per_timestep: int = 2
+    frozen_agents_generate_one_response: bool = True
+    pair_selection_method: Literal["positive_negative", "interval"] = "positive_negative"
+    interval_threshold_proportion: float = 0.1
+    num_initial_ei_iterations: int = 0
+    expected_reward_estimator: Literal["monte_carlo", "leaf_average"] = "monte_carlo"

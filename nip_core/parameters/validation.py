@@ -1,0 +1,179 @@
+"""All validation of parameter objects, in one place.
+
+`validate(params)` runs on every parameter object as it is created: first generic checks read
+from the annotations (types, Literal values, non-negative counts), then the cross-field rules
+registered below for the object's class (or any base class). Errors are ValueErrors that name
+the class, the field and the problem.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+from nip_core.parameters.typing_utils import describe, field_hints, literal_values, matches
+
+# int fields whose names match this are counts or sizes and must not be negative
+_COUNT_NAME = re.compile(r"^(num_.*|.*_size|.*_rank|max_.*|per_device_.*)$")
+# counts where zero would deadlock or make the run empty
+_POSITIVE = {
+    "max_concurrent_requests",
+    "rollout_shard_size",
+    "num_responses_per_timestep",
+    "max_message_rounds",
+    "per_device_train_batch_size",
+}
+_UNSUPPORTED = {
+    ("scenario", "graph_isomorphism"): "nip's tensor scenarios are not supported",
+    ("scenario", "image_classification"): "nip's tensor scenarios are not supported",
+}
+
+Rule = Callable[[Any], None]
+_RULES: dict[str, list[Rule]] = {}
+
+
+def rule(*class_names: str) -> Callable[[Rule], Rule]:
+    """Register a cross-field check for the named classes (and their subclasses)."""
+
+    def register(fn: Rule) -> Rule:
+        for name in class_names:
+            _RULES.setdefault(name, []).append(fn)
+        return fn
+
+    return register
+
+
+def validate(params: Any) -> None:
+    """Check one parameter object; ValueError naming the field on the first problem."""
+    cls = type(params)
+    if dataclasses.is_dataclass(cls):
+        for name, annotation in field_hints(cls).items():
+            _check_field(cls.__name__, name, getattr(params, name), annotation)
+    for klass in cls.__mro__:
+        for check in _RULES.get(klass.__name__, ()):
+            check(params)
+
+
+def _check_field(owner: str, name: str, value: Any, annotation: Any) -> None:
+    if not matches(value, annotation):
+        allowed = literal_values(annotation)
+        if allowed is not None and isinstance(value, str):
+            hint = _UNSUPPORTED.get((name, value))
+            extra = f" ({hint})" if hint else ""
+            raise ValueError(f"{owner}.{name}: {value!r} is not one of {allowed}{extra}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{owner}.{name}: must be a finite number, got {value!r}")
+        raise ValueError(
+            f"{owner}.{name}: expected {describe(annotation)}, got {type(value).__name__} {value!r}"
+        )
+    if isinstance(value, int) and not isinstance(value, bool) and _COUNT_NAME.match(name):
+        low = 1 if name in _POSITIVE else 0
+        if value < low:
+            raise ValueError(f"{owner}.{name}: must be >= {low}, got {value}")
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _in_range(owner: str, name: str, value: float, low: float, high: float, *, open_low=False):
+    ok = (low < value if open_low else low <= value) and value <= high
+    bracket = "(" if open_low else "["
+    _require(ok, f"{owner}.{name}: must be in {bracket}{low}, {high}], got {value}")
+
+
+@rule("PureTextAgentParameters")
+def _agent_rules(p: Any) -> None:
+    name = type(p).__name__
+    _require(
+        (p.lora_alpha is None) != (p.lora_alpha_scale is None),
+        f"{name}: set exactly one of lora_alpha and lora_alpha_scale "
+        f"(got lora_alpha={p.lora_alpha!r}, lora_alpha_scale={p.lora_alpha_scale!r})",
+    )
+    _require(
+        p.temperature is None or p.top_p is None,
+        f"{name}: set at most one of temperature and top_p",
+    )
+    if p.temperature is not None:
+        _require(p.temperature >= 0, f"{name}.temperature: must be >= 0, got {p.temperature}")
+    if p.top_p is not None:
+        _in_range(name, "top_p", p.top_p, 0.0, 1.0, open_low=True)
+    if p.lora_alpha is not None:
+        _require(p.lora_alpha > 0, f"{name}.lora_alpha: must be > 0, got {p.lora_alpha}")
+    if p.lora_alpha_scale is not None:
+        _require(p.lora_alpha_scale > 0, f"{name}.lora_alpha_scale: must be > 0")
+    _require(0 <= p.lora_dropout < 1, f"{name}.lora_dropout: must be in [0, 1)")
+    if p.max_tokens_per_message is not None:
+        _require(p.max_tokens_per_message >= 1, f"{name}.max_tokens_per_message: must be >= 1")
+
+
+@rule("PureTextMaltParameters")
+def _malt_rules(p: Any) -> None:
+    _in_range(
+        type(p).__name__,
+        "interval_threshold_proportion",
+        p.interval_threshold_proportion,
+        0.0,
+        1.0,
+        open_low=True,
+    )
+
+
+@rule("PureTextEiParameters")
+def _ei_rules(p: Any) -> None:
+    name = type(p).__name__
+    _require(p.weighting_sample_size_factor > 0, f"{name}.weighting_sample_size_factor: > 0")
+    _require(p.weighting_epsilon >= 0, f"{name}.weighting_epsilon: must be >= 0")
+
+
+@rule("TextRlParameters")
+def _text_rl_rules(p: Any) -> None:
+    name = type(p).__name__
+    prop = p.verifier_guess_replacement_proportion
+    _in_range(name, "verifier_guess_replacement_proportion", prop, 0.0, 1.0)
+    rate = p.verifier_guess_replacement_annealing_rate
+    _in_range(name, "verifier_guess_replacement_annealing_rate", rate, 0.0, 1.0)
+
+
+@rule("RlTrainerParameters")
+def _rl_rules(p: Any) -> None:
+    _require(p.learning_rate > 0, f"{type(p).__name__}.learning_rate: must be > 0")
+
+
+@rule("NipProtocolParameters", "DebateProtocolParameters", "MnipProtocolParameters")
+def _round_rules(p: Any) -> None:
+    name = type(p).__name__
+    _require(p.min_message_rounds >= 0, f"{name}.min_message_rounds: must be >= 0")
+    _require(
+        p.min_message_rounds <= p.max_message_rounds,
+        f"{name}: min_message_rounds ({p.min_message_rounds}) > "
+        f"max_message_rounds ({p.max_message_rounds})",
+    )
+
+
+@rule("HyperParameters")
+def _hyper_rules(p: Any) -> None:
+    _in_range("HyperParameters", "test_size", p.test_size, 0.0, 1.0)
+    warm = p.pure_text_malt.num_initial_ei_iterations
+    _require(
+        warm <= p.rl.num_iterations,
+        f"HyperParameters: pure_text_malt.num_initial_ei_iterations ({warm}) > "
+        f"rl.num_iterations ({p.rl.num_iterations})",
+    )
+    for field in dataclasses.fields(p):
+        value = getattr(p, field.name)
+        _require(value is not None, f"HyperParameters.{field.name}: must not be None")
+
+
+@rule("AgentsParameters")
+def _agents_rules(agents: Any) -> None:
+    names = [n for n in agents if n != "_default"]
+    for name in agents:
+        _require(isinstance(name, str) and name != "", f"agent names must be strings: {name!r}")
+    for a in names:
+        for b in names:
+            _require(a == b or a not in b, f"agent name {a!r} is a substring of {b!r}")
