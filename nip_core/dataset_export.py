@@ -1,0 +1,206 @@
+"""Training datasets from an iteration's tree: DPO pairs (MALT) and SFT rollouts (expert iteration).
+
+Rows are built per agent and concatenated per shared model group. The Parquet tables are in TRL's
+conversational formats (`prompt`/`chosen`/`rejected`, `messages`) with tracing columns; the
+JSONL files are the OpenAI fine-tuning shapes of the same rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from nip_core import schemas
+from nip_core.agents import chat_messages, training_conversation
+from nip_core.chat_format import fold_speaker_names, openai_messages
+from nip_core.episode import ACCEPT, REJECT
+from nip_core.protocols import Protocol
+from nip_core.rollout_tree import BatchItem, history, turns_by_node
+from nip_core.seeding import stable_int
+from nip_core.tree_values import parent_indices
+
+
+@dataclass(frozen=True)
+class ExportContext:
+    protocol: Protocol
+    agent_params: Mapping[str, object]
+    items: Mapping[int, BatchItem]  # batch_index -> item
+    iteration: int
+
+
+def _assistant(text: str) -> list[dict]:
+    return [{"role": "assistant", "content": text}]
+
+
+def dpo_rows(nodes: pa.Table, pairs: pa.Table, context: ExportContext) -> list[dict]:
+    """One row per pair: the agent's view up to the parent, and the two sibling responses."""
+    index = turns_by_node(nodes)
+    batch_of = dict(
+        zip(nodes.column("node_id").to_pylist(), nodes.column("batch_index").to_pylist())
+    )
+    rows = []
+    for pair in pairs.to_pylist():
+        agent = pair["agent"]
+        item = context.items[batch_of[pair["parent_node_id"]]]
+        _, chosen_turn = index[pair["chosen_node_id"]]
+        _, rejected_turn = index[pair["rejected_node_id"]]
+        prompt = chat_messages(
+            context.protocol,
+            agent,
+            context.agent_params[agent],
+            item.datapoint,
+            history(index, pair["parent_node_id"]),
+            chosen_turn.round,
+            item.episode_seed,
+        )
+        rows.append(
+            {
+                "openai_prompt": openai_messages(prompt),
+                "prompt": fold_speaker_names(prompt),
+                "chosen": _assistant(chosen_turn.raw[agent]),
+                "rejected": _assistant(rejected_turn.raw[agent]),
+                "iteration": context.iteration,
+                "agent": agent,
+                "datapoint_id": item.datapoint.id,
+                "parent_node_id": pair["parent_node_id"],
+                "chosen_node_id": pair["chosen_node_id"],
+                "rejected_node_id": pair["rejected_node_id"],
+                "chosen_expected_reward": pair["chosen_expected_reward"],
+                "rejected_expected_reward": pair["rejected_expected_reward"],
+            }
+        )
+    return rows
+
+
+def episode_rewards(nodes: pa.Table, rewards: pa.Table, agent_names: Sequence[str]) -> np.ndarray:
+    """(N, A) sum of step rewards from the root down to each node, level by level."""
+    parent = parent_indices(nodes)
+    step = rewards.column("reward").to_numpy().reshape(-1, len(agent_names))
+    total = step.copy()
+    depth = nodes.column("round").to_numpy() + 1
+    for level in range(1, int(depth.max(initial=0)) + 1):
+        at = np.flatnonzero(depth == level)
+        total[at] += total[parent[at]]
+    return total
+
+
+def leaf_indices(nodes: pa.Table) -> np.ndarray:
+    parent = parent_indices(nodes)
+    has_child = np.zeros(nodes.num_rows, dtype=bool)
+    has_child[parent[parent >= 0]] = True
+    return np.flatnonzero(~has_child)
+
+
+def guess_replacement_proportion(text_rl, iteration: int) -> float:
+    p0 = text_rl.verifier_guess_replacement_proportion
+    rate = text_rl.verifier_guess_replacement_annealing_rate
+    if text_rl.verifier_guess_replacement_annealing == "linear":
+        return max(p0 - iteration * rate, 0.0)
+    if text_rl.verifier_guess_replacement_annealing == "exponential":
+        return p0 * (1 - rate) ** iteration
+    return p0
+
+
+def select_rollouts(rewards: np.ndarray, ei, rng: np.random.Generator) -> np.ndarray:
+    """Indices (into `rewards`) of the rollouts EI trains on, by threshold or weighted sampling."""
+    if ei.rollout_selection_method == "threshold":
+        return np.flatnonzero(rewards >= ei.reward_threshold)
+    n = len(rewards)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    floor = ei.weighting_minimum if ei.weighting_minimum is not None else rewards.min()
+    weights = np.clip(rewards, floor, None) - floor
+    total = weights.sum()
+    # All-equal rewards would divide by zero in the reference (§8.22): fall back to uniform.
+    weights = weights / total if total > 0 else np.full(n, 1.0 / n)
+    weights = weights + ei.weighting_epsilon / n
+    weights = weights / weights.sum()
+    size = int(round(n * ei.weighting_sample_size_factor))
+    return np.sort(rng.choice(n, size=size, replace=ei.weighting_use_replacement, p=weights))
+
+
+def sft_rows(
+    nodes: pa.Table,
+    rewards: pa.Table,
+    context: ExportContext,
+    agents: Sequence[str],
+    agent_names: Sequence[str],
+    ei,
+    text_rl,
+    run_seed: int,
+) -> list[dict]:
+    """Expert-iteration rows: selected whole rollouts per agent, plus guess-replaced ones."""
+    index = turns_by_node(nodes)
+    totals = episode_rewards(nodes, rewards, agent_names)
+    leaves = leaf_indices(nodes)
+    node_ids = nodes.column("node_id").to_pylist()
+    batch_indices = nodes.column("batch_index").to_pylist()
+    rows = []
+    for agent in agents:
+        a = list(agent_names).index(agent)
+        rng = np.random.default_rng(stable_int("ei", run_seed, context.iteration, agent))
+        candidates = leaves
+        replaced = np.zeros(0, dtype=np.int64)
+        if agent == context.protocol.verifier_name:
+            order = rng.permutation(len(leaves))
+            p = guess_replacement_proportion(text_rl, context.iteration)
+            cut = int(p * len(leaves))
+            replaced, candidates = leaves[order[:cut]], leaves[np.sort(order[cut:])]
+        chosen = candidates[select_rollouts(totals[candidates, a], ei, rng)]
+        for leaf, guess in [(i, False) for i in chosen] + [(i, True) for i in replaced]:
+            item = context.items[batch_indices[leaf]]
+            label = (ACCEPT if item.datapoint.y == 1 else REJECT) if guess else None
+            conversation = training_conversation(
+                context.protocol,
+                agent,
+                context.agent_params[agent],
+                item.datapoint,
+                history(index, node_ids[leaf]),
+                item.episode_seed,
+                replace_verifier_decision_with=label,
+            )
+            if conversation is None:
+                continue
+            rows.append(
+                {
+                    "openai_messages": openai_messages(conversation),
+                    "messages": fold_speaker_names(conversation),
+                    "iteration": context.iteration,
+                    "agent": agent,
+                    "datapoint_id": item.datapoint.id,
+                    "leaf_node_id": node_ids[leaf],
+                    "episode_reward": float(totals[leaf, a]),
+                    "guess_replaced": guess,
+                }
+            )
+    return rows
+
+
+def dpo_table(rows: Sequence[dict]) -> pa.Table:
+    return pa.Table.from_pylist([_without(r, "openai_prompt") for r in rows], schema=schemas.DPO)
+
+
+def sft_table(rows: Sequence[dict]) -> pa.Table:
+    return pa.Table.from_pylist([_without(r, "openai_messages") for r in rows], schema=schemas.SFT)
+
+
+def dpo_openai_jsonl(rows: Sequence[dict]) -> list[dict]:
+    return [
+        {
+            "input": {"messages": r["openai_prompt"]},
+            "preferred_output": r["chosen"],
+            "non_preferred_output": r["rejected"],
+        }
+        for r in rows
+    ]
+
+
+def sft_openai_jsonl(rows: Sequence[dict]) -> list[dict]:
+    return [{"messages": r["openai_messages"]} for r in rows]
+
+
+def _without(row: dict, key: str) -> dict:
+    return {k: v for k, v in row.items() if k != key}

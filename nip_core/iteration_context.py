@@ -1,0 +1,118 @@
+"""Everything an iteration's stages derive from the configuration, computed once.
+
+Pure: from hyper-parameters (and the models the previous iteration switched to) to the protocol,
+agent order, thresholds, reward ranges, model groups and which agents are frozen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from nip_core.parameters import HyperParameters
+from nip_core.protocols import Protocol, make_protocol, reward_mid_point, reward_range
+
+
+@dataclass(frozen=True)
+class IterationContext:
+    hyper_params: HyperParameters
+    run_name: str
+    iteration: int
+    protocol: Protocol
+    agent_params: Mapping[str, object]
+    groups: Mapping[str, tuple[str, ...]]  # group name -> agents, in protocol order
+    models: Mapping[str, str]  # agent -> model name used for generation this iteration
+    group_models: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def agent_names(self) -> tuple[str, ...]:
+        return self.protocol.agent_names
+
+    @property
+    def thresholds(self) -> list[float]:
+        return [reward_mid_point(self.protocol, a) for a in self.agent_names]
+
+    @property
+    def reward_ranges(self) -> list[tuple[float, float]]:
+        return [reward_range(self.protocol, a) for a in self.agent_names]
+
+    @property
+    def frozen_agents(self) -> frozenset[str]:
+        return frozenset(a for a in self.agent_names if self.agent_params[a].freeze_agent)
+
+    @property
+    def is_ei_iteration(self) -> bool:
+        """Expert iteration (SFT) instead of MALT (DPO) for this iteration."""
+        hp = self.hyper_params
+        if hp.trainer == "pure_text_ei":
+            return True
+        return self.iteration < hp.pure_text_malt.num_initial_ei_iterations
+
+    @property
+    def num_responses_per_timestep(self) -> int:
+        return (
+            1
+            if self.is_ei_iteration
+            else self.hyper_params.pure_text_malt.num_responses_per_timestep
+        )
+
+    @property
+    def trainable_groups(self) -> dict[str, tuple[str, ...]]:
+        return {
+            g: agents
+            for g, agents in self.groups.items()
+            if not self.agent_params[agents[0]].freeze_agent
+        }
+
+
+def group_agents(
+    protocol: Protocol, agent_params: Mapping[str, object]
+) -> dict[str, tuple[str, ...]]:
+    """Shared model groups: agents with the same `shared_model_group` (default: own name)."""
+    groups: dict[str, list[str]] = {}
+    for agent in protocol.agent_names:
+        group = agent_params[agent].shared_model_group or agent
+        if group in protocol.agent_names and group != agent:
+            raise ValueError(
+                f"agent {agent!r} uses shared_model_group {group!r}, the name of another agent"
+            )
+        groups.setdefault(group, []).append(agent)
+    for group, agents in groups.items():
+        for name in (
+            "model_name",
+            "model_provider",
+            "freeze_agent",
+            "use_dummy_api",
+            "fine_tune_from_scratch",
+        ):
+            values = {getattr(agent_params[a], name) for a in agents}
+            if len(values) > 1:
+                raise ValueError(
+                    f"agents {agents} share model group {group!r} but differ in {name}: {values}"
+                )
+    return {g: tuple(a) for g, a in groups.items()}
+
+
+def build_context(
+    hyper_params: HyperParameters,
+    run_name: str,
+    iteration: int,
+    group_models: Mapping[str, str] | None = None,
+) -> IterationContext:
+    protocol = make_protocol(hyper_params)
+    agent_params = {a: hyper_params.agents[a] for a in protocol.agent_names}
+    groups = group_agents(protocol, agent_params)
+    current = {
+        g: (group_models or {}).get(g) or agent_params[a[0]].model_name for g, a in groups.items()
+    }
+    models = {a: current[g] for g, agents in groups.items() for a in agents}
+    return IterationContext(
+        hyper_params=hyper_params,
+        run_name=run_name,
+        iteration=iteration,
+        protocol=protocol,
+        agent_params=agent_params,
+        groups=groups,
+        models=models,
+        group_models=current,
+    )

@@ -1,0 +1,137 @@
+"""From the nodes table to per-(node, agent) values and preference pairs, as Arrow tables.
+
+The arithmetic lives in `expected_reward` and `preference_pairs` (numpy over flat arrays); this
+module only converts between the columnar artifacts and those arrays, without a Python loop
+per node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from nip_core import schemas
+from nip_core.expected_reward import expected_rewards, is_positive
+from nip_core.preference_pairs import select_pairs
+
+
+def _agent_matrix(
+    nodes: pa.Table, column: str, agent_names: Sequence[str], value_field: str | None
+) -> np.ndarray:
+    """Scatter a list column (of agent names or {agent, value} structs) into an (N, A) matrix."""
+    lists = nodes.column(column).combine_chunks()
+    rows = pc.list_parent_indices(lists).to_numpy()
+    flat = pc.list_flatten(lists)
+    agents = flat.field("agent") if value_field else flat
+    agent_index = pd.Index(list(agent_names)).get_indexer(agents.to_numpy(zero_copy_only=False))
+    if (agent_index < 0).any():
+        raise ValueError(f"nodes table names an agent outside {list(agent_names)}")
+    if value_field:
+        matrix = np.zeros((nodes.num_rows, len(agent_names)), dtype=np.float64)
+        matrix[rows, agent_index] = flat.field(value_field).to_numpy(zero_copy_only=False)
+    else:
+        matrix = np.zeros((nodes.num_rows, len(agent_names)), dtype=bool)
+        matrix[rows, agent_index] = True
+    return matrix
+
+
+def parent_indices(nodes: pa.Table) -> np.ndarray:
+    node_ids = pd.Index(nodes.column("node_id").to_numpy(zero_copy_only=False))
+    if not node_ids.is_unique:
+        raise ValueError("nodes table has duplicate node ids")
+    parent_ids = nodes.column("parent_id").to_numpy(zero_copy_only=False)
+    parent = node_ids.get_indexer(parent_ids)
+    has_parent = pd.notna(parent_ids)
+    if (parent[has_parent] < 0).any():
+        raise ValueError("nodes table has a parent id that is not a node")
+    parent = np.where(has_parent, parent, -1).astype(np.int64)
+    if (parent >= np.arange(len(parent))).any():
+        raise ValueError("nodes table is not in topological order (a parent after its child)")
+    return parent
+
+
+def node_keys(nodes: pa.Table) -> np.ndarray:
+    """Stable 64-bit keys of node ids (pandas' fixed-key SipHash, identical in every process)."""
+    ids = nodes.column("node_id").to_numpy(zero_copy_only=False)
+    return pd.util.hash_array(np.asarray(ids, dtype=object), categorize=False)
+
+
+def rewards_table(
+    nodes: pa.Table,
+    agent_names: Sequence[str],
+    thresholds: Sequence[float],
+    estimator: str,
+) -> pa.Table:
+    """One row per (node, agent): step reward, expected reward, threshold, positivity."""
+    parent = parent_indices(nodes)
+    depth = (nodes.column("round").to_numpy() + 1).astype(np.int32)
+    step = _agent_matrix(nodes, "step_rewards", agent_names, "reward")
+    acted = _agent_matrix(nodes, "acted", agent_names, None)
+    value = expected_rewards(parent, depth, step, method=estimator)
+    threshold = np.asarray(thresholds, dtype=np.float64)
+    positive = is_positive(value, threshold)
+    n, a = value.shape
+    return pa.table(
+        {
+            "datapoint_id": np.repeat(nodes.column("datapoint_id").to_numpy(), a),
+            "node_id": np.repeat(nodes.column("node_id").to_numpy(zero_copy_only=False), a),
+            "round": np.repeat(nodes.column("round").to_numpy(), a),
+            "agent": np.tile(np.asarray(agent_names, dtype=object), n),
+            "active": acted.reshape(-1),
+            "reward": step.reshape(-1),
+            "expected_reward": value.reshape(-1),
+            "threshold": np.tile(threshold, n),
+            "is_positive": positive.reshape(-1),
+        },
+        schema=schemas.REWARDS,
+    )
+
+
+def pairs_table(
+    nodes: pa.Table,
+    rewards: pa.Table,
+    agent_names: Sequence[str],
+    *,
+    method: str,
+    thresholds: Sequence[float],
+    reward_ranges: Sequence[tuple[float, float]],
+    interval_threshold_proportion: float,
+    seed: int,
+) -> pa.Table:
+    """At most one (chosen, rejected) sibling pair per (parent node, agent)."""
+    a = len(agent_names)
+    value = rewards.column("expected_reward").to_numpy().reshape(-1, a)
+    acted = rewards.column("active").to_numpy(zero_copy_only=False).reshape(-1, a)
+    ranges = np.asarray(reward_ranges, dtype=np.float64).reshape(a, 2)
+    pairs = select_pairs(
+        parent_indices(nodes),
+        value,
+        acted,
+        method=method,
+        threshold=np.asarray(thresholds, dtype=np.float64),
+        reward_min=ranges[:, 0],
+        reward_max=ranges[:, 1],
+        interval_threshold_proportion=interval_threshold_proportion,
+        node_key=node_keys(nodes),
+        seed=seed,
+    )
+    node_ids = nodes.column("node_id").to_numpy(zero_copy_only=False)
+    rounds = nodes.column("round").to_numpy()
+    return pa.table(
+        {
+            "agent": np.asarray(agent_names, dtype=object)[pairs.agent],
+            "datapoint_id": nodes.column("datapoint_id").to_numpy()[pairs.parent],
+            "round": rounds[pairs.chosen],
+            "parent_node_id": node_ids[pairs.parent],
+            "chosen_node_id": node_ids[pairs.chosen],
+            "rejected_node_id": node_ids[pairs.rejected],
+            "chosen_expected_reward": value[pairs.chosen, pairs.agent],
+            "rejected_expected_reward": value[pairs.rejected, pairs.agent],
+            "method": np.full(len(pairs.agent), method, dtype=object),
+        },
+        schema=schemas.PAIRS,
+    )

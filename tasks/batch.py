@@ -1,0 +1,45 @@
+"""Stage: pick the iteration's datapoints and their episode seeds (`batch.parquet`)."""
+
+from __future__ import annotations
+
+from prefect import task
+
+from nip_core.artifacts import RunPaths, write_parquet
+from nip_core.batching import iteration_positions
+from nip_core.data import datapoints, load_dataset
+from nip_core.iteration_context import IterationContext
+from nip_core.rollout_tree import BatchItem, batch_table
+from nip_core.seeding import episode_seed
+from tasks.common import run_stage
+
+
+def select_batch(context: IterationContext) -> list[BatchItem]:
+    hp = context.hyper_params
+    train = load_dataset(
+        hp.dataset,
+        "train",
+        path=hp.dataset_options.local_path,
+        max_size=hp.dataset_options.max_train_size,
+        shuffle_seed=hp.dataset_options.reduce_shuffle_seed,
+    )
+    points = datapoints(train)
+    batch_indices, positions = iteration_positions(
+        len(points), hp.seed, context.iteration, hp.rl.rollouts_per_iteration
+    )
+    return [
+        BatchItem(int(b), points[int(p)], episode_seed(hp.seed, context.iteration, int(b)))
+        for b, p in zip(batch_indices, positions, strict=True)
+    ]
+
+
+@task(name="select-batch")
+def select_batch_task(paths: RunPaths, context: IterationContext) -> str:
+    def compute():
+        items = select_batch(context)
+        digest = write_parquet(
+            paths.fs, paths.iteration_file(context.iteration, "batch.parquet"), batch_table(items)
+        )
+        return {"batch.parquet": digest}, {"datapoints": len(items)}
+
+    run_stage(paths, context, "batch", compute)
+    return paths.iteration_file(context.iteration, "batch.parquet")

@@ -1,0 +1,31 @@
+"""Shared helpers of the stage tasks: the manifest check that makes every stage resumable."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from nip_core.artifacts import RunPaths, load_manifest, record_stage, stage_is_done
+from nip_core.iteration_context import IterationContext
+
+
+def run_stage(
+    paths: RunPaths,
+    context: IterationContext,
+    stage: str,
+    compute: Callable[[], tuple[Mapping[str, str], Mapping[str, Any]]],
+) -> dict:
+    """Run `compute` unless the manifest shows the stage finished with intact files.
+
+    `compute` writes the stage's files and returns (relative path -> sha256, info); the manifest
+    entry is written afterwards, so a crash inside `compute` leaves the stage not done.
+    Returns the stage's manifest entry.
+    """
+    config_hash = context.hyper_params.config_hash()
+    manifest = load_manifest(paths, context.iteration, context.run_name, config_hash)
+    if stage_is_done(paths, context.iteration, manifest, stage):
+        return manifest["stages"][stage]
+    files, info = compute()
+    manifest = load_manifest(paths, context.iteration, context.run_name, config_hash)
+    manifest = record_stage(paths, context.iteration, manifest, stage, files, info)
+    return manifest["stages"][stage]

@@ -1,0 +1,69 @@
+"""Stage: per-group training datasets (`datasets/{dpo,sft}/<group>.parquet` + OpenAI `.jsonl`).
+
+MALT iterations export DPO pairs; expert-iteration iterations (`pure_text_ei`, or the first
+`num_initial_ei_iterations` of MALT) export SFT rollouts. Frozen groups get no dataset.
+"""
+
+from __future__ import annotations
+
+from prefect import task
+
+from nip_core import dataset_export as export
+from nip_core.artifacts import RunPaths, jsonl_bytes, read_parquet, write_bytes, write_parquet
+from nip_core.iteration_context import IterationContext
+from nip_core.rollout_tree import batch_items
+from tasks.common import run_stage
+
+
+def export_datasets(paths: RunPaths, context: IterationContext) -> dict:
+    hp = context.hyper_params
+    it = context.iteration
+
+    def compute():
+        read = lambda name: read_parquet(paths.fs, paths.iteration_file(it, name))  # noqa: E731
+        nodes, rewards = read("nodes.parquet"), read("rewards.parquet")
+        items = {item.batch_index: item for item in batch_items(read("batch.parquet"))}
+        ctx = export.ExportContext(context.protocol, context.agent_params, items, it)
+        files, info = {}, {}
+        if not context.is_ei_iteration:
+            pairs = read("pairs.parquet")
+        for group, agents in context.trainable_groups.items():
+            if context.is_ei_iteration:
+                kind = "sft"
+                rows = export.sft_rows(
+                    nodes,
+                    rewards,
+                    ctx,
+                    agents,
+                    context.agent_names,
+                    hp.pure_text_ei,
+                    hp.text_rl,
+                    hp.seed,
+                )
+                table, jsonl = export.sft_table(rows), export.sft_openai_jsonl(rows)
+            else:
+                kind = "dpo"
+                group_pairs = pairs.filter(pairs.column("agent").is_in(list(agents)))
+                rows = export.dpo_rows(nodes, group_pairs, ctx)
+                table, jsonl = export.dpo_table(rows), export.dpo_openai_jsonl(rows)
+            base = f"datasets/{kind}/{group}"
+            files[f"{base}.parquet"] = write_parquet(
+                paths.fs, paths.iteration_file(it, f"{base}.parquet"), table
+            )
+            files[f"{base}.jsonl"] = write_bytes(
+                paths.fs, paths.iteration_file(it, f"{base}.jsonl"), jsonl_bytes(jsonl)
+            )
+            info[group] = {
+                "kind": kind,
+                "rows": table.num_rows,
+                "parquet": f"{base}.parquet",
+                "jsonl": f"{base}.jsonl",
+            }
+        return files, info
+
+    return run_stage(paths, context, "export", compute)
+
+
+@task(name="export-datasets")
+def export_datasets_task(paths: RunPaths, context: IterationContext) -> dict:
+    return export_datasets(paths, context)["info"]

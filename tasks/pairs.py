@@ -1,0 +1,39 @@
+"""Stage: preference pairs per (parent node, agent) (`pairs.parquet`)."""
+
+from __future__ import annotations
+
+from prefect import task
+
+from nip_core.artifacts import RunPaths, read_parquet, write_parquet
+from nip_core.iteration_context import IterationContext
+from nip_core.seeding import stable_int
+from nip_core.tree_values import pairs_table
+from tasks.common import run_stage
+
+
+def select_pairs(paths: RunPaths, context: IterationContext) -> dict:
+    malt = context.hyper_params.pure_text_malt
+
+    def compute():
+        nodes = read_parquet(paths.fs, paths.iteration_file(context.iteration, "nodes.parquet"))
+        rewards = read_parquet(paths.fs, paths.iteration_file(context.iteration, "rewards.parquet"))
+        table = pairs_table(
+            nodes,
+            rewards,
+            context.agent_names,
+            method=malt.pair_selection_method,
+            thresholds=context.thresholds,
+            reward_ranges=context.reward_ranges,
+            interval_threshold_proportion=malt.interval_threshold_proportion,
+            seed=stable_int("pairs", context.hyper_params.seed, context.iteration),
+        )
+        path = paths.iteration_file(context.iteration, "pairs.parquet")
+        return {"pairs.parquet": write_parquet(paths.fs, path, table)}, {"pairs": table.num_rows}
+
+    return run_stage(paths, context, "pairs", compute)
+
+
+@task(name="select-pairs")
+def select_pairs_task(paths: RunPaths, context: IterationContext) -> str:
+    select_pairs(paths, context)
+    return paths.iteration_file(context.iteration, "pairs.parquet")

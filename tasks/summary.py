@@ -1,0 +1,34 @@
+"""Stage: summary statistics of the iteration, stored in `manifest.json` under "stats"."""
+
+from __future__ import annotations
+
+from prefect import task
+
+from nip_core.artifacts import RunPaths, load_manifest, read_parquet, save_manifest
+from nip_core.iteration_context import IterationContext
+from nip_core.iteration_stats import iteration_stats
+from tasks.common import run_stage
+
+
+def summarise_iteration(paths: RunPaths, context: IterationContext) -> dict:
+    it = context.iteration
+
+    def compute():
+        read = lambda name: read_parquet(paths.fs, paths.iteration_file(it, name))  # noqa: E731
+        pairs = None if context.is_ei_iteration else read("pairs.parquet")
+        stats = iteration_stats(
+            read("nodes.parquet"), read("rewards.parquet"), pairs, context.agent_names
+        )
+        return {}, stats
+
+    stats = run_stage(paths, context, "summary", compute)["info"]
+    manifest = load_manifest(paths, it, context.run_name, context.hyper_params.config_hash())
+    if manifest.get("stats") != stats:
+        manifest["stats"] = stats
+        save_manifest(paths, it, manifest)
+    return stats
+
+
+@task(name="summarise-iteration")
+def summarise_iteration_task(paths: RunPaths, context: IterationContext) -> dict:
+    return summarise_iteration(paths, context)
