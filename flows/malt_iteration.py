@@ -15,7 +15,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from flows import prefect_defaults  # noqa: F401  (sets offline Prefect settings before import)
 from prefect import flow
 
 from nip_core.artifacts import ArtifactError, RunPaths, default_root, read_json, write_json

@@ -39,7 +39,11 @@ def dpo_rows(nodes: pa.Table, pairs: pa.Table, context: ExportContext) -> list[d
     """One row per pair: the agent's view up to the parent, and the two sibling responses."""
     index = turns_by_node(nodes)
     batch_of = dict(
-        zip(nodes.column("node_id").to_pylist(), nodes.column("batch_index").to_pylist())
+        zip(
+            nodes.column("node_id").to_pylist(),
+            nodes.column("batch_index").to_pylist(),
+            strict=True,
+        )
     )
     rows = []
     for pair in pairs.to_pylist():
