@@ -1,0 +1,124 @@
+"""Sample an agent's responses and turn them into moves, re-sampling the invalid ones.
+
+All `n` samples come from one client call; only the invalid ones are asked for again, in one
+call per attempt with a seed derived from (seed, attempt). A sample still invalid after
+`num_invalid_generation_retries` attempts becomes a failure with *no* channel messages: the
+reference wrote "" on every channel, which collided with other agents' messages (nip §8.17).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from nip_core.agents.clients import ChatClient, SamplingParams
+from nip_core.agents.parsing import InvalidResponse, ParsedResponse, parse_response
+from nip_core.protocols import Protocol
+from nip_core.seeding import stable_int
+
+_SHOWN_CHARS = 300  # how much of an invalid text a failure message quotes
+
+
+@dataclass(frozen=True)
+class AgentResponse:
+    """One sampled move: the raw text, its messages or verdict, and how it was obtained.
+
+    `retries` counts re-samples spent on this sample; `failure` is set (and `messages` empty,
+    `decision` None) when every attempt was invalid. `token_limit` would flag a truncated
+    completion; the `ChatClient` interface returns plain texts, so it is False for now.
+    """
+
+    raw: str
+    messages: dict[str, str] = field(default_factory=dict)
+    decision: int | None = None
+    retries: int = 0
+    failure: str | None = None
+    token_limit: bool = False
+
+
+def sampling_params(agent_params: Any, seed: int | None) -> SamplingParams:
+    """The agent's sampling settings for one call."""
+    return SamplingParams(
+        temperature=agent_params.temperature,
+        top_p=agent_params.top_p,
+        max_tokens=agent_params.effective_max_tokens,
+        seed=seed,
+        repetition_penalty=agent_params.repetition_penalty,
+    )
+
+
+def attempt_seed(seed: int, attempt: int) -> int:
+    """The call seed for attempt `attempt` (0 = first call): fresh, but reproducible."""
+    return seed if attempt == 0 else stable_int("invalid-retry", seed, attempt, bits=31)
+
+
+def _try_parse(
+    protocol: Protocol, agent_name: str, round: int, episode_seed: int, text: str
+) -> ParsedResponse | InvalidResponse:
+    try:
+        return parse_response(protocol, agent_name, round, episode_seed, text)
+    except InvalidResponse as error:
+        return error
+
+
+def _failure_text(retries: int, error: InvalidResponse, text: str) -> str:
+    shown = text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "..."
+    return f"invalid response after {retries} retries: {error.reason}; last text: {shown!r}"
+
+
+async def _sample(
+    client: ChatClient, chat: list[dict], model: str, n: int, sampling: SamplingParams
+) -> list[str]:
+    texts = await client.complete(chat, model, n, sampling)
+    if len(texts) != n:
+        raise RuntimeError(f"model client returned {len(texts)} completions, expected {n}")
+    return list(texts)
+
+
+async def generate_responses(
+    client: ChatClient,
+    protocol: Protocol,
+    agent_name: str,
+    agent_params: Any,
+    model: str,
+    chat: list[dict],
+    n: int,
+    round: int,
+    episode_seed: int,
+    seed: int,
+) -> list[AgentResponse]:
+    """`n` parsed responses of `agent_name` to `chat`, in sample order.
+
+    Client errors (network, rate limits) propagate; only parse failures are retried here.
+    """
+    if n < 1:
+        raise ValueError(f"n must be at least 1, got {n}")
+    max_retries = agent_params.num_invalid_generation_retries
+    if max_retries < 0:
+        raise ValueError(f"num_invalid_generation_retries must be >= 0, got {max_retries}")
+    texts = await _sample(client, chat, model, n, sampling_params(agent_params, seed))
+    results: list[ParsedResponse | InvalidResponse] = [
+        _try_parse(protocol, agent_name, round, episode_seed, text) for text in texts
+    ]
+    retries = [0] * n
+    for attempt in range(1, max_retries + 1):
+        pending = [i for i, result in enumerate(results) if isinstance(result, InvalidResponse)]
+        if not pending:
+            break
+        sampling = sampling_params(agent_params, attempt_seed(seed, attempt))
+        fresh = await _sample(client, chat, model, len(pending), sampling)
+        for index, text in zip(pending, fresh, strict=True):
+            texts[index] = text
+            retries[index] += 1
+            results[index] = _try_parse(protocol, agent_name, round, episode_seed, text)
+    return [_response(texts[i], results[i], retries[i]) for i in range(n)]
+
+
+def _response(text: str, result: ParsedResponse | InvalidResponse, retries: int) -> AgentResponse:
+    if isinstance(result, InvalidResponse):
+        return AgentResponse(
+            raw=text, retries=retries, failure=_failure_text(retries, result, text)
+        )
+    return AgentResponse(
+        raw=text, messages=dict(result.messages), decision=result.decision, retries=retries
+    )
