@@ -1,0 +1,421 @@
+"""Tests for nip_core.agents.clients: real HTTP on 127.0.0.1 for the OpenAI client, and the dummy."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from nip_core.agents.clients import (
+    ChatClient,
+    DummyChatClient,
+    ModelCallError,
+    OpenAIChatClient,
+    SamplingParams,
+    _parse_retry_after,
+    make_chat_client,
+    request_digest,
+)
+
+SECRET = "sk-test-PLANTED-SECRET-0123456789"
+KEY_ENV = "NIP_TEST_CLIENT_KEY"
+MSGS = [
+    {"role": "system", "content": "You are an expert."},
+    {"role": "user", "content": "Is it right?", "name": "Verifier"},
+]
+
+
+def completion_body(texts: list[str], finish: str = "stop") -> dict:
+    choices = [
+        {
+            "index": i,
+            "message": {"role": "assistant", "content": t},
+            "finish_reason": finish,
+        }
+        for i, t in enumerate(texts)
+    ]
+    return {
+        "id": "cmpl-1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "choices": choices,
+    }
+
+
+Reply = tuple[int, dict[str, str], dict]  # status, headers, JSON body
+Script = Callable[[int, dict, Any], Reply]  # request index, JSON body, headers
+
+
+@dataclass
+class FakeServer:
+    """What the server saw; `script(request_index, body, headers)` decides each reply."""
+
+    url: str
+    script: Script
+    delay: float = 0.0
+    bodies: list[dict] = field(default_factory=list)
+    auth: list[str] = field(default_factory=list)
+    active: int = 0
+    max_active: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def ok_with_n(_i: int, body: dict, _h: dict[str, str]) -> Reply:
+    n = body.get("n", 1)
+    return 200, {}, completion_body([f"text {k} of {n}" for k in range(n)])
+
+
+@pytest.fixture
+def server() -> Iterator[FakeServer]:
+    state = FakeServer(url="", script=ok_with_n)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server naming
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with state.lock:
+                index = len(state.bodies)
+                state.bodies.append(body)
+                state.auth.append(self.headers.get("Authorization", ""))
+                state.active += 1
+                state.max_active = max(state.max_active, state.active)
+            try:
+                time.sleep(state.delay)
+                status, headers, reply = state.script(index, body, self.headers)
+                payload = json.dumps(reply).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(payload)
+            finally:
+                with state.lock:
+                    state.active -= 1
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    state.url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield state
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture
+def key_env(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv(KEY_ENV, SECRET)
+    return KEY_ENV
+
+
+def fast_client(url: str, key: str | None, **kw: object) -> OpenAIChatClient:
+    settings = {"max_retries": 3, "backoff_base": 0.001, "backoff_max": 0.01, "timeout": 5.0}
+    settings.update(kw)
+    return OpenAIChatClient(url, key, **settings)  # type: ignore[arg-type]
+
+
+def error(status: int, message: str = "nope", headers: dict | None = None) -> Reply:
+    return status, headers or {}, {"error": {"message": message, "type": "x", "code": status}}
+
+
+# ---------------------------------------------------------------- OpenAIChatClient over HTTP
+
+
+def test_rate_limit_is_retried_honouring_retry_after(server: FakeServer, key_env: str) -> None:
+    server.script = lambda i, b, h: (
+        error(429, headers={"Retry-After": "0"}) if i < 2 else ok_with_n(i, b, h)
+    )
+    client = fast_client(server.url, key_env, backoff_base=5.0, backoff_max=5.0)
+    start = time.perf_counter()
+    texts = asyncio.run(client.complete(MSGS, "m", 1, SamplingParams()))
+    assert texts == ["text 0 of 1"]
+    assert (client.retries, client.calls, len(server.bodies)) == (2, 3, 3)
+    assert time.perf_counter() - start < 2.0  # Retry-After 0 beat the 5 s backoff
+
+
+def test_server_errors_exhaust_retries(server: FakeServer, key_env: str) -> None:
+    server.script = lambda i, b, h: error(500, "boom")
+    client = fast_client(server.url, key_env, max_retries=4)
+    with pytest.raises(ModelCallError, match="500") as info:
+        asyncio.run(client.complete(MSGS, "m", 1, SamplingParams()))
+    assert info.value.transient and info.value.status == 500
+    assert client.retries == 4 and len(server.bodies) == 5
+
+
+def test_bad_request_fails_at_once(server: FakeServer, key_env: str) -> None:
+    server.script = lambda i, b, h: error(400, "model does not exist")
+    client = fast_client(server.url, key_env)
+    with pytest.raises(ModelCallError, match=r"400.*model does not exist") as info:
+        asyncio.run(client.complete(MSGS, "m", 1, SamplingParams()))
+    assert not info.value.transient
+    assert client.retries == 0 and len(server.bodies) == 1
+
+
+def test_timeout_and_connection_errors_are_transient(server: FakeServer, key_env: str) -> None:
+    server.delay = 0.5
+    client = fast_client(server.url, key_env, timeout=0.1, max_retries=1)
+    with pytest.raises(ModelCallError, match="Timeout") as info:
+        asyncio.run(client.complete(MSGS, "m", 1, SamplingParams()))
+    assert info.value.transient and client.retries == 1
+    dead = fast_client("http://127.0.0.1:9/v1", key_env, max_retries=2)
+    with pytest.raises(ModelCallError, match="Connection"):
+        asyncio.run(dead.complete(MSGS, "m", 1, SamplingParams()))
+    assert dead.retries == 2 and dead.calls == 3
+
+
+def test_n_texts_and_request_fields(server: FakeServer, key_env: str) -> None:
+    client = fast_client(server.url, key_env)
+    sampling = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=50, seed=3)
+    texts = asyncio.run(client.complete(MSGS, "my-model", 3, sampling))
+    assert texts == ["text 0 of 3", "text 1 of 3", "text 2 of 3"]
+    body = server.bodies[0]
+    assert body["messages"] == MSGS  # "name" passed through
+    assert (body["model"], body["n"], body["temperature"], body["top_p"]) == (
+        "my-model",
+        3,
+        0.7,
+        0.9,
+    )
+    assert (body["max_tokens"], body["seed"]) == (50, 3)
+    assert "repetition_penalty" not in body
+    asyncio.run(client.complete(MSGS, "m", 1, SamplingParams(repetition_penalty=1.1)))
+    assert server.bodies[1]["repetition_penalty"] == 1.1
+    assert "temperature" not in server.bodies[1]
+
+
+def test_choices_are_returned_in_index_order(server: FakeServer, key_env: str) -> None:
+    def shuffled(i: int, b: dict, h: dict[str, str]) -> Reply:
+        body = completion_body(["a", "b", "c"], finish="length")
+        body["choices"].reverse()
+        return 200, {}, body
+
+    server.script = shuffled
+    client = fast_client(server.url, key_env)
+    assert asyncio.run(client.complete(MSGS, "m", 3, SamplingParams())) == ["a", "b", "c"]
+
+
+def test_fewer_choices_than_n_are_topped_up(server: FakeServer, key_env: str) -> None:
+    server.script = lambda i, b, h: (200, {}, completion_body([f"t{i}"]))  # ignores n
+    client = fast_client(server.url, key_env)
+    texts = asyncio.run(client.complete(MSGS, "m", 3, SamplingParams(seed=10)))
+    assert texts == ["t0", "t1", "t2"]
+    assert [b["n"] for b in server.bodies] == [3, 2, 1]
+    assert [b["seed"] for b in server.bodies] == [10, 11, 12]  # distinct seeds for top-ups
+    assert client.retries == 0
+
+
+def test_content_filter_retried_then_fails(server: FakeServer, key_env: str) -> None:
+    server.script = lambda i, b, h: (
+        (200, {}, completion_body(["x"], finish="content_filter")) if i < 2 else ok_with_n(i, b, h)
+    )
+    client = fast_client(server.url, key_env)
+    assert asyncio.run(client.complete(MSGS, "m", 1, SamplingParams())) == ["text 0 of 1"]
+    assert client.retries == 2
+    server.script = lambda i, b, h: (200, {}, completion_body([None]))  # type: ignore[list-item]
+    with pytest.raises(ModelCallError, match="content is None"):
+        asyncio.run(client.complete(MSGS, "m", 1, SamplingParams()))
+
+
+def test_openrouter_embedded_errors(server: FakeServer, key_env: str) -> None:
+    embedded = {"error": {"code": 429, "message": "slow down"}}
+    server.script = lambda i, b, h: (200, {}, embedded) if i == 0 else ok_with_n(i, b, h)
+    client = fast_client(server.url, key_env)
+    assert asyncio.run(client.complete(MSGS, "m", 1, SamplingParams())) == ["text 0 of 1"]
+    assert client.retries == 1
+    server.script = lambda i, b, h: (200, {}, {"error": {"code": 402, "message": "pay"}})
+    with pytest.raises(ModelCallError, match="insufficient credits"):
+        asyncio.run(client.complete(MSGS, "m", 1, SamplingParams()))
+
+
+def test_concurrency_is_bounded(server: FakeServer, key_env: str) -> None:
+    server.delay = 0.1
+    client = fast_client(server.url, key_env, max_concurrency=3)
+
+    async def many() -> list[list[str]]:
+        calls = [client.complete(MSGS, "m", 1, SamplingParams()) for _ in range(10)]
+        return await asyncio.gather(*calls)
+
+    assert len(asyncio.run(many())) == 10
+    assert server.max_active == 3 and client.calls == 10
+
+
+def test_secret_never_leaks(
+    server: FakeServer, key_env: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A hostile server echoes the Authorization header back, first as 503 (retried), then 401.
+    def echo(i: int, b: dict, h: dict[str, str]) -> Reply:
+        return error(503 if i == 0 else 401, f"bad key {h.get('Authorization')}")
+
+    server.script = echo
+    client = fast_client(server.url, key_env)
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(ModelCallError) as info:
+        asyncio.run(client.complete(MSGS, "m", 1, SamplingParams()))
+    assert server.auth == [f"Bearer {SECRET}"] * 2  # the key did reach the server
+    assert "401" in str(info.value) and "***" in str(info.value)
+    shown = "".join(traceback.format_exception(info.value))
+    for text in (repr(client), str(client), str(info.value), repr(info.value), shown, caplog.text):
+        assert SECRET not in text
+
+
+def test_missing_key_env_and_bad_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NIP_TEST_ABSENT_KEY", raising=False)
+    with pytest.raises(ValueError, match="NIP_TEST_ABSENT_KEY"):
+        OpenAIChatClient(None, "NIP_TEST_ABSENT_KEY")
+    client = OpenAIChatClient("http://127.0.0.1:9/v1", None)
+    with pytest.raises(ValueError, match="n must be"):
+        asyncio.run(client.complete(MSGS, "m", 0, SamplingParams()))
+    with pytest.raises(ValueError, match=r"messages\[0\]"):
+        asyncio.run(client.complete([{"content": "x"}], "m", 1, SamplingParams()))
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=1.5)
+
+
+def test_client_survives_a_new_event_loop(server: FakeServer, key_env: str) -> None:
+    client = fast_client(server.url, key_env, max_concurrency=2)
+    for _ in range(2):  # asyncio.run twice: SDK client and semaphore are rebound
+        assert asyncio.run(client.complete(MSGS, "m", 1, SamplingParams())) == ["text 0 of 1"]
+
+
+def test_retry_after_forms() -> None:
+    future = email.utils.formatdate(time.time() + 30, usegmt=True)
+    assert 25 < _parse_retry_after({"retry-after": future}) <= 30
+    assert _parse_retry_after({"retry-after-ms": "250", "retry-after": "9"}) == 0.25
+    assert _parse_retry_after({"retry-after": "2"}) == 2.0
+    assert _parse_retry_after({"retry-after": "soon"}) is None
+    assert _parse_retry_after({}) is None
+
+
+# ---------------------------------------------------------------- make_chat_client
+
+
+def test_factory_picks_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    monkeypatch.setenv("OPENROUTER_API_KEY", SECRET)
+    monkeypatch.delenv("NIP_LM_SERVER_TOKEN", raising=False)
+    assert isinstance(make_chat_client({"use_dummy_api": True}, dummy_seed=4), DummyChatClient)
+    openai_client = make_chat_client({"model_provider": "OpenAI"})
+    assert (openai_client.base_url, openai_client.api_key_env) == (None, "OPENAI_API_KEY")
+    router = make_chat_client({"model_provider": "OpenRouter"}, max_concurrency=5)
+    assert router.base_url == "https://openrouter.ai/api/v1" and router.max_concurrency == 5
+
+    @dataclass
+    class Params:
+        model_provider: str = "SelfHosted"
+        language_model_server_scheme_host: str = "http://gpu-box"
+        language_model_server_port: int = 5001
+        use_dummy_api: bool = False
+
+    local = make_chat_client(Params())
+    assert (local.base_url, local.api_key_env) == ("http://gpu-box:5001/v1", None)
+    monkeypatch.setenv("NIP_LM_SERVER_TOKEN", "tok")
+    assert make_chat_client(Params()).api_key_env == "NIP_LM_SERVER_TOKEN"
+    with pytest.raises(ValueError, match="Anthropic"):
+        make_chat_client({"model_provider": "Anthropic"})
+    assert all(isinstance(c, ChatClient) for c in (openai_client, router, local))
+
+
+# ---------------------------------------------------------------- DummyChatClient
+
+VERIFIER_SYSTEM = (
+    "Ask questions as 'Question for Expert: ...'. Then write exactly "
+    "'Decision: accept' or 'Decision: reject'."
+)
+DEBATE_SYSTEM = (
+    "Ask 'Question for Expert_1: ...' and 'Question for Expert_2: ...' each round. "
+    "Finish with Decision: accept or Decision: reject."
+)
+PROVER_SYSTEM = "Convince Verifier to accept. Begin with 'Answer: '."
+
+
+def convo(system: str, k: int, *extra: dict) -> list[dict]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": f"item {k}"}, *extra]
+
+
+def dummy_run(client: DummyChatClient, messages: list[dict], n: int, seed: int | None = None):
+    return asyncio.run(client.complete(messages, "dummy", n, SamplingParams(seed=seed)))
+
+
+def test_dummy_is_deterministic_across_instances() -> None:
+    msgs = convo(VERIFIER_SYSTEM, 1)
+    first = dummy_run(DummyChatClient(7), msgs, 8, seed=1)
+    assert first == dummy_run(DummyChatClient(7), msgs, 8, seed=1)
+    assert first != dummy_run(DummyChatClient(8), msgs, 8, seed=1)
+    assert first != dummy_run(DummyChatClient(7), msgs, 8, seed=2)
+    assert len(set(first)) > 3  # variety over the sample index
+    assert dummy_run(DummyChatClient(7), msgs, 3, seed=1) == first[:3]
+
+
+def test_dummy_roles() -> None:
+    client = DummyChatClient(0, invalid_probability=0.0)
+    prover = [t for k in range(20) for t in dummy_run(client, convo(PROVER_SYSTEM, k), 2)]
+    assert all(t.startswith("Answer: ") for t in prover)
+    verifier = [t for k in range(200) for t in dummy_run(client, convo(VERIFIER_SYSTEM, k), 1)]
+    accepts = verifier.count("Decision: accept") / len(verifier)
+    rejects = verifier.count("Decision: reject") / len(verifier)
+    assert 0.1 < accepts < 0.3 and 0.1 < rejects < 0.3
+    questions = [t for t in verifier if not t.startswith("Decision:")]
+    assert questions and all(q.startswith("Question for Expert: ") for q in questions)
+    debate = [t for k in range(50) for t in dummy_run(client, convo(DEBATE_SYSTEM, k), 1)]
+    for text in (t for t in debate if not t.startswith("Decision:")):
+        lines = text.splitlines()
+        assert [line.split(":")[0] for line in lines] == [
+            "Question for Expert_1",
+            "Question for Expert_2",
+        ]
+
+
+def test_dummy_decides_when_told_to() -> None:
+    client = DummyChatClient(3, invalid_probability=0.5)
+    forced = {
+        "role": "system",
+        "content": "You cannot ask any more questions. You must now make a decision.",
+    }
+    texts = [t for k in range(50) for t in dummy_run(client, convo(VERIFIER_SYSTEM, k, forced), 2)]
+    assert set(texts) == {"Decision: accept", "Decision: reject"}
+
+
+def test_dummy_invalid_rate() -> None:
+    client = DummyChatClient(1, invalid_probability=0.3)
+    texts = [t for k in range(400) for t in dummy_run(client, convo(VERIFIER_SYSTEM, k), 1)]
+    rate = texts.count("Decision: maybe") / len(texts)
+    assert 0.22 < rate < 0.38
+    debate = [t for k in range(400) for t in dummy_run(client, convo(DEBATE_SYSTEM, k), 1)]
+    missing = [t for t in debate if t.startswith("Question") and "Expert_2" not in t]
+    assert 0.22 < len(missing) / len(debate) < 0.38
+    none = DummyChatClient(1, invalid_probability=0.0)
+    assert "Decision: maybe" not in [
+        dummy_run(none, convo(VERIFIER_SYSTEM, k), 1)[0] for k in range(200)
+    ]
+
+
+def test_dummy_latency_runs_concurrently_and_logs_calls() -> None:
+    client = DummyChatClient(0, latency=0.2)
+
+    async def ten() -> list[list[str]]:
+        calls = [
+            client.complete(convo(PROVER_SYSTEM, k), "m", 1, SamplingParams()) for k in range(10)
+        ]
+        return await asyncio.gather(*calls)
+
+    start = time.perf_counter()
+    asyncio.run(ten())
+    assert time.perf_counter() - start < 1.0
+    assert client.calls == 10 and len(set(client.call_keys)) == 10
+    expected = request_digest(convo(PROVER_SYSTEM, 0), "m", 1, SamplingParams())
+    assert expected in client.call_keys
