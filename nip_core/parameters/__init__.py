@@ -30,6 +30,12 @@ from nip_core.parameters.hyper import (
     ScenarioType,
     TrainerType,
 )
+from nip_core.parameters.loading import (
+    apply_overrides,
+    load_hyper_params,
+    read_params_file,
+    save_hyper_params,
+)
 from nip_core.parameters.protocols import (
     CommonProtocolParameters,
     DebateProtocolParameters,
@@ -72,8 +78,12 @@ __all__ = [
     "SubParameters",
     "TextRlParameters",
     "TrainerType",
+    "apply_overrides",
     "convert_hyper_param_dict",
+    "load_hyper_params",
     "parameter_class",
+    "read_params_file",
     "register_conversion",
     "register_parameter_class",
+    "save_hyper_params",
 ]

@@ -8,7 +8,7 @@ dicts written by nip load unchanged; the pipeline only reads the text-model fiel
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Self
 
@@ -173,9 +173,6 @@ class AgentsParameters(dict, ParameterValue):
 
     def __repr__(self) -> str:
         return f"AgentsParameters({dict.__repr__(self)})"
-
-    def __iter__(self) -> Iterator[str]:
-        return dict.__iter__(self)
 
     def to_dict(self) -> dict:
         """`{agent_name: agent.to_dict(), ...}`."""
