@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nip_core import schemas
-from nip_core.expected_reward import expected_rewards, is_positive
-from nip_core.preference_pairs import select_pairs
+from nip_core.expected_reward import expected_rewards
+from nip_core.preference_pairs import is_positive, select_pairs
 
 
 def _agent_matrix(
