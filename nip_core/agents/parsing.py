@@ -37,6 +37,7 @@ _FIRST_PERSON = re.compile(
 # A label that promises a verdict ("Decision:" at the start of a line) even if none follows.
 _LABEL_ATTEMPT = re.compile(r"(?:^|\n)\s*(?:final\s+|my\s+)?(?:decision|verdict)\s*[:=\-–—]")
 _NEGATION = re.compile(r"\b(?:not|never|cannot|can't|won't|don't|wouldn't|shouldn't|no)\s+$")
+_ALTERNATIVE = re.compile(r"\s*(?:or|/|and|nor)\s*" + _VERDICT_WORD)
 _QUESTION_LINE = re.compile(r"^\s*question\b")
 # A label alone on its line ("## Decision" / "Decision:") followed by the verdict on the next.
 _LABEL_LINE_BREAK = re.compile(r"\b(decision|verdict)[ \t]*(:?)[ \t]*\n\s*")
@@ -67,6 +68,9 @@ def _verdicts_in(sentence: str) -> set[str]:
             if _NEGATION.search(sentence[: match.start(1)]):
                 continue
             found.add(match.group(1))
+            alternative = _ALTERNATIVE.match(sentence, match.end())
+            if pattern is _LABELLED and alternative:
+                found.add(alternative.group(1))  # "Decision: accept or reject" names both
     return found
 
 
