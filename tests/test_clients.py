@@ -380,14 +380,24 @@ def test_dummy_roles() -> None:
         ]
 
 
-def test_dummy_decides_when_told_to() -> None:
+@pytest.mark.parametrize(
+    ("role", "note"),
+    [
+        ("system", "You cannot ask any more questions. You must now make a decision."),
+        ("system", "You have no questions left. Reply now with your decision on the solution."),
+        ("user", "You cannot ask any more questions, so you must now decide."),
+    ],
+)
+def test_dummy_decides_when_told_to(role: str, note: str) -> None:
     client = DummyChatClient(3, invalid_probability=0.5)
-    forced = {
-        "role": "system",
-        "content": "You cannot ask any more questions. You must now make a decision.",
-    }
+    forced = {"role": role, "content": note, **({"name": "Supervisor"} if role == "user" else {})}
     texts = [t for k in range(50) for t in dummy_run(client, convo(VERIFIER_SYSTEM, k, forced), 2)]
     assert set(texts) == {"Decision: accept", "Decision: reject"}
+    not_forced = {"role": "user", "content": note, "name": "Expert"}  # quoted by a prover
+    texts = [
+        t for k in range(50) for t in dummy_run(client, convo(VERIFIER_SYSTEM, k, not_forced), 1)
+    ]
+    assert any(t.startswith("Question") for t in texts)
 
 
 def test_dummy_invalid_rate() -> None:

@@ -334,7 +334,11 @@ class OpenAIChatClient:
 _DECISION_RE = re.compile(r"decision:\s*accept", re.IGNORECASE)
 _REJECT_RE = re.compile(r"decision:\s*reject", re.IGNORECASE)
 _HEADER_RE = re.compile(r"Question for ([A-Za-z0-9_]+):")
-_MUST_DECIDE_RE = re.compile(r"\bmust\b[^.\n]*\bdeci(?:de|sion)\b", re.IGNORECASE)
+_MUST_DECIDE_RE = re.compile(  # nip's, our protocols' and the supervisor's "decide now" notes
+    r"\bmust\b[^.\n]*\bdeci(?:de|sion)\b|\bno (?:more )?questions? (?:left|remaining)\b"
+    r"|\bcannot ask any more questions\b|\bnow with your (?:decision|verdict)\b",
+    re.IGNORECASE,
+)
 
 
 def _is_verifier_prompt(system: str) -> bool:
