@@ -34,7 +34,7 @@ def make_engine(name: str, model: str, **opts: Any) -> InferenceEngine:
 
         return TransformersEngine(model, **opts)
     if name == "vllm":
-        from nip_core.lm_server.engines.vllm import VLLMEngine
+        from nip_core.lm_server.engines.vllm import VllmEngine
 
-        return VLLMEngine(model, **opts)
+        return VllmEngine(model, **opts)
     raise ValueError(f"unknown engine {name!r}; choose one of {', '.join(ENGINE_NAMES)}")

@@ -1,0 +1,364 @@
+"""Fine-tuning job lifecycle: queue, run one training child at a time, poll, cancel, recover.
+
+Statuses follow OpenAI: queued -> validating_files (child started, checking the data) -> running
+-> succeeded | failed | cancelled. The child writes `status.json` and events; this manager polls
+them, loads a finished adapter into the engine under the job's new model name, and hands the
+accelerator to training and back. After a restart, a job whose child still runs is re-attached;
+a job whose child died with the server is marked failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from nip_core.lm_server import procs
+from nip_core.lm_server.engines.base import AdapterError, InferenceEngine
+from nip_core.lm_server.options import OptionsError, parse_options
+from nip_core.lm_server.store import StateDir, append_event, read_json
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+ACTIVE = ("validating_files", "running")
+
+
+class JobError(ValueError):
+    """A request about jobs that cannot be honoured; `status` is the HTTP status to answer."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+
+
+def public_job(job: dict) -> dict:
+    """The OpenAI job object: internal fields (prefixed with `_`) stay on the server."""
+    return {k: v for k, v in job.items() if not k.startswith("_")}
+
+
+class JobManager:
+    """Owns the jobs and adapters of one server; all mutations happen under one asyncio lock."""
+
+    def __init__(self, engine: InferenceEngine, state: StateDir, base_name: str, **opts: Any):
+        self.engine, self.state, self.base_name = engine, state, base_name
+        self.fake = bool(opts.get("fake", engine.name == "dummy"))
+        self.fake_seconds = float(opts.get("fake_seconds", 0.0))
+        self.poll_interval = float(opts.get("poll_interval", 0.3))
+        self.jobs: dict[str, dict] = {}
+        self.adapters: dict[str, dict] = {}
+        self._children: dict[str, subprocess.Popen] = {}
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task | None = None
+
+    # ---- start / stop ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Reload state, re-attach or fail orphaned jobs, re-load adapters, start polling."""
+        self.jobs = {job["id"]: job for job in self.state.load_jobs()}
+        self.adapters = self.state.load_adapters()
+        for job in [j for j in self.jobs.values() if j["status"] in ACTIVE]:
+            finished = read_json(self._dir(job) / "status.json", {}).get("status") in TERMINAL
+            if not finished and not self._child_alive(job):
+                self._settle_dead_child(job, died_with_server=True)
+        if any(j["status"] in ACTIVE for j in self.jobs.values()):
+            await self.engine.release_accelerator()  # a re-attached child is still training
+        failed = []
+        for name, info in list(self.adapters.items()):
+            try:
+                await self.engine.load_adapter(name, info["path"])
+            except (AdapterError, OSError) as exc:
+                failed.append(f"{name}: {exc}")
+        self._task = asyncio.create_task(self._poll_forever())
+        if failed:
+            print("lm_server: could not re-load adapters:", "; ".join(failed))  # noqa: T201
+
+    async def stop(self) -> None:
+        """Stop polling; running children are left alone so a restarted server re-attaches."""
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    # ---- requests ----------------------------------------------------------------------------
+
+    def served_base(self, model: str) -> tuple[str, dict | None]:
+        """(path of the model to train from, parent adapter info or None) for a job's `model`."""
+        if model == self.base_name:
+            return self.engine.models()[0], None
+        info = self.adapters.get(model)
+        if info is None:
+            known = ", ".join([self.base_name, *self.adapters])
+            raise JobError(f"model {model!r} is not served here; available: {known}", 404, "model")
+        if info.get("kind") == "full":
+            return info["path"], None
+        return info["base_model"], {"name": model, **info}
+
+    async def create(self, body: dict) -> dict:
+        """Validate a create request and queue the job."""
+        model, file_id = body.get("model"), body.get("training_file")
+        if not isinstance(model, str) or not isinstance(file_id, str):
+            raise JobError("'model' and 'training_file' are required strings", 400, "model")
+        base_path, parent = self.served_base(model)
+        if self.state.file_meta(file_id) is None:
+            raise JobError(f"training file {file_id!r} not found", 404, "training_file")
+        metadata = body.get("metadata") or {}
+        if not isinstance(metadata, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+        ):
+            raise JobError("metadata must be an object of string values", 400, "metadata")
+        try:
+            options = parse_options(body.get("method"), body.get("nip_training"), body.get("seed"))
+        except OptionsError as exc:
+            raise JobError(str(exc), 400, exc.param) from None
+        async with self._lock:
+            job = self._new_job(body, options.to_dict(), metadata)
+            self._write_child_config(job, base_path, parent, options.to_dict())
+            self._save(job)
+            append_event(self._dir(job), f"Created fine-tuning job {job['id']}")
+        return public_job(job)
+
+    def list(self, limit: int = 20, after: str | None = None, metadata: dict | None = None):
+        """Jobs newest first, filtered by exact metadata matches, paged by `after`."""
+        jobs = sorted(self.jobs.values(), key=lambda j: (j["created_at"], j["id"]), reverse=True)
+        jobs = [
+            j for j in jobs if all(j["metadata"].get(k) == v for k, v in (metadata or {}).items())
+        ]
+        if after is not None:
+            ids = [j["id"] for j in jobs]
+            jobs = jobs[ids.index(after) + 1 :] if after in ids else []
+        page = jobs[:limit]
+        return [public_job(j) for j in page], len(jobs) > len(page)
+
+    def get(self, job_id: str) -> dict:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise JobError(f"fine-tuning job {job_id!r} not found", 404, "fine_tuning_job_id")
+        return job
+
+    async def cancel(self, job_id: str) -> dict:
+        """Cancel a queued or running job (its whole process group is ended)."""
+        async with self._lock:
+            job = self.get(job_id)
+            if job["status"] in TERMINAL:
+                raise JobError(f"job {job_id} is already {job['status']}", 400)
+            was_active = job["status"] in ACTIVE
+            if was_active:
+                pid, start = job["_pid"], job.get("_pid_start")
+                await asyncio.to_thread(procs.kill_group, pid, start)
+                self._reap(job_id)
+            self._finish(job, "cancelled", message="Fine-tuning job cancelled")
+            if was_active:
+                await self.engine.reacquire_accelerator()
+        return public_job(job)
+
+    def events(self, job_id: str, limit: int = 20, after: str | None = None):
+        """Events newest first, as OpenAI lists them."""
+        from nip_core.lm_server.store import read_events
+
+        events = list(reversed(read_events(self._dir(self.get(job_id)))))
+        if after is not None:
+            ids = [e["id"] for e in events]
+            events = events[ids.index(after) + 1 :] if after in ids else []
+        return events[:limit], len(events) > limit
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    def _dir(self, job: dict) -> Path:
+        return self.state.job_dir(job["id"])
+
+    def _save(self, job: dict) -> None:
+        self.jobs[job["id"]] = job
+        self.state.save_job(job)
+
+    def _new_job(self, body: dict, options: dict, metadata: dict) -> dict:
+        from nip_core.lm_server.store import new_id
+
+        job_id = new_id("ftjob")
+        suffix = body.get("suffix") or ""
+        root = self.base_name
+        if body["model"] in self.adapters:
+            root = self.adapters[body["model"]].get("root_name", root)
+        short = Path(root).name
+        return {
+            "id": job_id,
+            "object": "fine_tuning.job",
+            "created_at": int(time.time()),
+            "model": body["model"],
+            "training_file": body["training_file"],
+            "validation_file": None,
+            "status": "queued",
+            "fine_tuned_model": None,
+            "finished_at": None,
+            "error": None,
+            "hyperparameters": {
+                "n_epochs": options["n_epochs"],
+                "batch_size": options["batch_size"],
+                "learning_rate_multiplier": "auto",
+            },
+            "method": body.get("method") or {"type": "supervised"},
+            "nip_training": options,
+            "metadata": metadata,
+            "seed": options["seed"],
+            "suffix": suffix or None,
+            "user_provided_suffix": suffix or None,
+            "organization_id": "nip-malt",
+            "result_files": [],
+            "trained_tokens": None,
+            "integrations": [],
+            "estimated_finish": None,
+            "_new_model_name": f"ft:{short}:{suffix}:{job_id}",
+            "_root_name": root,
+        }
+
+    def _write_child_config(self, job: dict, base_path: str, parent: dict | None, options: dict):
+        from nip_core.lm_server.store import write_json_atomic
+
+        directory = self._dir(job)
+        write_json_atomic(
+            directory / "config.json",
+            {
+                "base_model": base_path,
+                "parent_adapter": parent,
+                "options": options,
+                "training_file": str(self.state.file_dir(job["training_file"]) / "content"),
+                "output_dir": str(directory / "output"),
+                "fake": self.fake,
+                "fake_seconds": self.fake_seconds,
+            },
+        )
+
+    async def _poll_forever(self) -> None:
+        while True:
+            try:
+                async with self._lock:
+                    await self._poll_once()
+            except Exception as exc:  # keep polling: one bad job must not stop the others
+                print(f"lm_server: job poll failed: {exc!r}")  # noqa: T201
+            await asyncio.sleep(self.poll_interval)
+
+    async def _poll_once(self) -> None:
+        active = [j for j in self.jobs.values() if j["status"] in ACTIVE]
+        for job in active:
+            await self._check_active(job)
+        if not any(j["status"] in ACTIVE for j in self.jobs.values()):
+            queued = sorted(
+                (j for j in self.jobs.values() if j["status"] == "queued"),
+                key=lambda j: (j["created_at"], j["id"]),
+            )
+            if queued:
+                await self._launch(queued[0])
+
+    async def _launch(self, job: dict) -> None:
+        await self.engine.release_accelerator()
+        child = procs.spawn_training(self._dir(job))
+        self._children[job["id"]] = child
+        job.update(status="validating_files", _pid=child.pid)
+        job["_pid_start"] = procs.process_start_time(child.pid)
+        self._save(job)
+        append_event(self._dir(job), "Training process started; validating the training file")
+
+    async def _check_active(self, job: dict) -> None:
+        status = read_json(self._dir(job) / "status.json", {})
+        state = status.get("status")
+        if state == "running" and job["status"] != "running":
+            job["status"] = "running"
+            self._save(job)
+        if state in ("succeeded", "failed") or not self._child_alive(job):
+            self._reap(job["id"])
+            await self.engine.reacquire_accelerator()
+            if state == "succeeded":
+                await self._publish(job, status)
+            else:
+                self._settle_dead_child(job, died_with_server=False)
+
+    async def _publish(self, job: dict, status: dict) -> None:
+        """Serve the finished adapter under the job's new name, then mark the job succeeded."""
+        name, output = job["_new_model_name"], str(self._dir(job) / "output")
+        try:
+            await self.engine.load_adapter(name, output)
+        except (AdapterError, OSError) as exc:
+            self._finish(job, "failed", error=("adapter_load_failed", str(exc)))
+            return
+        base_path = read_json(self._dir(job) / "config.json")["base_model"]
+        self.adapters[name] = {
+            "path": output,
+            "kind": status.get("kind", "lora"),
+            "base_model": base_path,
+            "root_name": job["_root_name"],
+        }
+        self.state.save_adapters(self.adapters)
+        job.update(fine_tuned_model=name, trained_tokens=status.get("trained_tokens"))
+        self._finish(job, "succeeded", message=f"New model created: {name}")
+
+    def _settle_dead_child(self, job: dict, died_with_server: bool) -> None:
+        """Record the outcome of a child that is gone: its own verdict, else a crash."""
+        status = read_json(self._dir(job) / "status.json", {})
+        if status.get("status") == "failed":
+            error = status.get("error") or {}
+            code, message = error.get("code", "training_failed"), error.get("message", "")
+            self._finish(job, "failed", error=(code, message, error.get("param")))
+        elif died_with_server:
+            pid = job.get("_pid")
+            reason = f"the training process (pid {pid}) died with the server before finishing"
+            self._finish(job, "failed", error=("server_restarted", reason))
+        else:
+            tail = procs.log_tail(self._dir(job))
+            reason = "the training process exited without finishing" + (
+                f"; last log lines:\n{tail}" if tail else ""
+            )
+            self._finish(job, "failed", error=("training_crashed", reason))
+
+    def _finish(self, job: dict, status: str, message: str = "", error: tuple | None = None):
+        job.update(status=status, finished_at=int(time.time()))
+        if error is not None:
+            code, text, *param = error
+            job["error"] = {"code": code, "message": text, "param": param[0] if param else None}
+            message = f"Fine-tuning job failed: {text}"
+        self._save(job)
+        append_event(self._dir(job), message, level="error" if error else "info")
+
+    def _child_alive(self, job: dict) -> bool:
+        child = self._children.get(job["id"])
+        if child is not None:
+            return child.poll() is None
+        pid = job.get("_pid")
+        return pid is not None and procs.is_alive(pid, job.get("_pid_start"))
+
+    def _reap(self, job_id: str) -> None:
+        child = self._children.pop(job_id, None)
+        if child is not None:
+            try:
+                child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+    # ---- adapters loaded by hand (vLLM-style endpoints) --------------------------------------
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Load an adapter from disk under `name` and remember it across restarts."""
+        if not name or name == self.base_name:
+            raise AdapterError(f"adapter name {name!r} is empty or clashes with the base model")
+        if not Path(path).is_dir():
+            raise AdapterError(f"adapter path {path!r} does not exist or is not a directory")
+        async with self._lock:
+            await self.engine.load_adapter(name, path)
+            kind = "lora" if (Path(path) / "adapter_config.json").exists() else "full"
+            base = self.engine.models()[0]
+            info = {
+                "path": str(path),
+                "kind": kind,
+                "base_model": base,
+                "root_name": self.base_name,
+            }
+            self.adapters[name] = info
+            self.state.save_adapters(self.adapters)
+
+    async def unload_adapter(self, name: str) -> None:
+        """Unload an adapter and forget it."""
+        async with self._lock:
+            if name not in self.adapters and name not in self.engine.models()[1:]:
+                raise JobError(f"no adapter named {name!r} is loaded", 404, "lora_name")
+            await self.engine.unload_adapter(name)
+            self.adapters.pop(name, None)
+            self.state.save_adapters(self.adapters)

@@ -1,0 +1,138 @@
+"""Training options of one fine-tuning job, parsed from the OpenAI-shaped create request.
+
+The OpenAI part (`method.<type>.hyperparameters`: n_epochs, beta, batch_size,
+learning_rate_multiplier) and our extension `nip_training` (use_lora, lora_rank, lora_alpha,
+lora_dropout, stack_lora_adapters, quantization, learning_rate, seed) are merged into one frozen
+record that the training child receives as JSON. Bad values raise `OptionsError` naming the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+_DEFAULT_LR = {"dpo": 1e-5, "supervised": 2e-5}
+_NIP_FIELDS = (
+    "use_lora",
+    "lora_rank",
+    "lora_alpha",
+    "lora_dropout",
+    "stack_lora_adapters",
+    "quantization",
+    "learning_rate",
+    "seed",
+)
+QUANTIZATIONS = ("none", "bitsandbytes")
+
+
+class OptionsError(ValueError):
+    """An invalid training option; the server answers 400 with this message."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class TrainingOptions:
+    """Everything the training child needs to know besides the data and the model paths."""
+
+    method: str = "dpo"
+    n_epochs: int = 1
+    batch_size: int = 2
+    learning_rate: float = 1e-5
+    beta: float = 0.1
+    use_lora: bool = True
+    lora_rank: int = 64
+    lora_alpha: float = 64.0
+    lora_dropout: float = 0.05
+    stack_lora_adapters: bool = False
+    quantization: str = "none"
+    seed: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainingOptions:
+        return cls(**data)
+
+
+def _auto(value: Any) -> Any:
+    """OpenAI lets every hyperparameter be "auto", which means our default."""
+    return None if value == "auto" else value
+
+
+def _number(value: Any, name: str, kind: type, low: float, high: float | None = None) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise OptionsError(f"{name} must be a number, got {value!r}", name)
+    if kind is int and int(value) != value:
+        raise OptionsError(f"{name} must be an integer, got {value!r}", name)
+    if value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise OptionsError(f"{name} must be {bounds}, got {value!r}", name)
+    return kind(value)
+
+
+def _method(method: Any) -> tuple[str, dict]:
+    """The method type and its hyperparameters dict (supervised when no method is given)."""
+    if method is None:
+        return "supervised", {}
+    if not isinstance(method, dict) or method.get("type") not in _DEFAULT_LR:
+        raise OptionsError("method.type must be 'supervised' or 'dpo'", "method")
+    kind = method["type"]
+    section = method.get(kind) or {}
+    hyper = section.get("hyperparameters") or {} if isinstance(section, dict) else None
+    if not isinstance(hyper, dict):
+        raise OptionsError(f"method.{kind}.hyperparameters must be an object", "method")
+    return kind, hyper
+
+
+def _nip_section(nip: Any) -> dict:
+    if nip is None:
+        return {}
+    if not isinstance(nip, dict):
+        raise OptionsError("nip_training must be an object", "nip_training")
+    unknown = sorted(set(nip) - set(_NIP_FIELDS))
+    if unknown:
+        raise OptionsError(
+            f"unknown nip_training fields {unknown}; known: {_NIP_FIELDS}", unknown[0]
+        )
+    return nip
+
+
+def _bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise OptionsError(f"{name} must be true or false, got {value!r}", name)
+    return value
+
+
+def parse_options(method: Any, nip_training: Any, seed: Any = None) -> TrainingOptions:
+    """Merge the OpenAI method block and our `nip_training` extension into `TrainingOptions`."""
+    kind, hyper = _method(method)
+    nip = _nip_section(nip_training)
+    rank = _number(nip.get("lora_rank", 64), "lora_rank", int, 1, 1024)
+    alpha = nip.get("lora_alpha")
+    lr = nip.get("learning_rate")
+    if lr is None:
+        multiplier = _auto(hyper.get("learning_rate_multiplier"))
+        multiplier = 1.0 if multiplier is None else multiplier
+        lr = _DEFAULT_LR[kind] * _number(multiplier, "learning_rate_multiplier", float, 0)
+    quantization = nip.get("quantization", "none")
+    if quantization not in QUANTIZATIONS:
+        raise OptionsError(f"quantization must be one of {QUANTIZATIONS}", "quantization")
+    seed = nip.get("seed", seed)
+    return TrainingOptions(
+        method=kind,
+        n_epochs=_number(_auto(hyper.get("n_epochs")) or 1, "n_epochs", int, 1, 1000),
+        batch_size=_number(_auto(hyper.get("batch_size")) or 2, "batch_size", int, 1, 4096),
+        learning_rate=_number(lr, "learning_rate", float, 0, 1),
+        beta=_number(_auto(hyper.get("beta")) or 0.1, "beta", float, 0, 2),
+        use_lora=_bool(nip.get("use_lora", True), "use_lora"),
+        lora_rank=rank,
+        lora_alpha=float(rank) if alpha is None else _number(alpha, "lora_alpha", float, 0),
+        lora_dropout=_number(nip.get("lora_dropout", 0.05), "lora_dropout", float, 0, 1),
+        stack_lora_adapters=_bool(nip.get("stack_lora_adapters", False), "stack_lora_adapters"),
+        quantization=quantization,
+        seed=0 if seed is None else _number(seed, "seed", int, 0),
+    )

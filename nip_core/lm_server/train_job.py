@@ -1,0 +1,111 @@
+"""Entry point of one training child: `python -m nip_core.lm_server.train_job <job_dir>`.
+
+Reads `config.json` (written by the server), validates the training file, trains (or, for the
+dummy engine, fakes training) and writes `status.json` plus events for the server to poll. It runs
+in its own process group so that a crash or a cancel (SIGTERM to the group) never hurts the server.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from nip_core.lm_server.datasets import DatasetError, parse_dataset
+from nip_core.lm_server.options import OptionsError, TrainingOptions
+from nip_core.lm_server.store import append_event, read_json, write_json_atomic
+
+
+def _status(job_dir: Path, status: str, **extra) -> None:
+    write_json_atomic(job_dir / "status.json", {"status": status, **extra})
+
+
+def _fake_train(output: Path, seconds: float) -> str:
+    """Pretend to train: wait, then write an adapter dir with a marker config."""
+    time.sleep(seconds)
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "adapter_config.json").write_text('{"fake": true}\n')
+    return "lora"
+
+
+def _event_callback(job_dir: Path):
+    from transformers import TrainerCallback
+
+    class Events(TrainerCallback):
+        """Forward the trainer's log lines (loss, rewards, …) as job events."""
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            metrics = {k: v for k, v in (logs or {}).items() if isinstance(v, int | float)}
+            shown = ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if "loss" in k)
+            message = f"Step {state.global_step}/{state.max_steps}: {shown or 'logged'}"
+            append_event(job_dir, message, data={"step": state.global_step, **metrics})
+
+    return Events()
+
+
+def _train(job_dir: Path, config: dict, options: TrainingOptions, rows: list[dict]) -> str:
+    from nip_core.lm_server import training
+
+    parent = config.get("parent_adapter")
+    model, peft_config, strategy = training.load_for_training(config["base_model"], parent, options)
+    tokenizer_path = (
+        parent["path"]
+        if parent and Path(parent["path"], "tokenizer_config.json").exists()
+        else config["base_model"]
+    )
+    tokenizer = training.load_tokenizer(tokenizer_path)
+    append_event(job_dir, f"Training {options.method} ({strategy} adapter) on {len(rows)} examples")
+    output = Path(config["output_dir"])
+    trainer = training.build_trainer(
+        options,
+        model,
+        tokenizer,
+        rows,
+        str(job_dir / "trainer"),
+        peft_config,
+        callbacks=[_event_callback(job_dir)],
+    )
+    trainer.train()
+    return training.save_result(trainer, tokenizer, output, strategy, parent)
+
+
+def run(job_dir: Path) -> int:
+    """Run the job described in `job_dir`; the outcome goes to status.json, never an exception."""
+    config = read_json(job_dir / "config.json")
+    _status(job_dir, "validating_files")
+    try:
+        options = TrainingOptions.from_dict(config["options"])
+        text = Path(config["training_file"]).read_text(encoding="utf-8")
+        rows = parse_dataset(text, options.method)
+        if options.quantization != "none":
+            from nip_core.lm_server.training import check_runtime
+
+            check_runtime(options)
+        _status(job_dir, "running")
+        append_event(job_dir, f"Training file validated: {len(rows)} examples")
+        output = Path(config["output_dir"])
+        if config.get("fake"):
+            kind = _fake_train(output, float(config.get("fake_seconds", 0)))
+        else:
+            kind = _train(job_dir, config, options, rows)
+    except DatasetError as exc:
+        return _fail(
+            job_dir, "invalid_training_file", f"invalid training file: {exc}", "training_file"
+        )
+    except OptionsError as exc:
+        return _fail(job_dir, "invalid_training_config", str(exc), exc.param)
+    except Exception as exc:
+        traceback.print_exc()
+        return _fail(job_dir, "training_failed", f"{type(exc).__name__}: {exc}")
+    _status(job_dir, "succeeded", kind=kind)
+    return 0
+
+
+def _fail(job_dir: Path, code: str, message: str, param: str | None = None) -> int:
+    _status(job_dir, "failed", error={"code": code, "message": message, "param": param})
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(run(Path(sys.argv[1])))

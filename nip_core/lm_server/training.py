@@ -1,0 +1,165 @@
+"""The training code path shared by the server's training child and `bench/dpo_step.py`.
+
+It loads the model to train from (a base model, optionally with a previous adapter that is either
+re-used or merged and stacked), builds a TRL `DPOTrainer` or `SFTTrainer` with our precision
+policy, and saves the result. Precision by device: fp32 without gradient checkpointing on CPU
+(bf16 autocast is ~29x slower there), bf16 (fp16 if unsupported) on CUDA. torch, transformers,
+peft and trl are imported inside the functions so that importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from nip_core.lm_server.options import OptionsError, TrainingOptions
+
+
+def has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def check_runtime(options: TrainingOptions) -> None:
+    """Options this machine cannot honour fail before any model is loaded."""
+    if options.quantization == "bitsandbytes" and not has_cuda():
+        raise OptionsError(
+            "quantization 'bitsandbytes' needs a CUDA GPU and none is available here; "
+            "use quantization 'none'",
+            "quantization",
+        )
+
+
+def precision_args() -> dict[str, Any]:
+    """TrainingArguments fields for this device (see the module docstring for why)."""
+    if not has_cuda():
+        return {"bf16": False, "fp16": False, "use_cpu": True, "gradient_checkpointing": False}
+    import torch
+
+    bf16 = torch.cuda.is_bf16_supported()
+    return {"bf16": bf16, "fp16": not bf16, "gradient_checkpointing": True}
+
+
+def lora_config(options: TrainingOptions):
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=options.lora_rank,
+        lora_alpha=options.lora_alpha,
+        lora_dropout=options.lora_dropout,
+        target_modules="all-linear",
+        task_type="CAUSAL_LM",
+    )
+
+
+def _load_base(path: str, options: TrainingOptions):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {"dtype": torch.float32}
+    if has_cuda():
+        kwargs["dtype"] = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if options.quantization == "bitsandbytes":
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_compute_dtype=kwargs["dtype"]
+        )
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if options.quantization == "bitsandbytes":
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model)
+    return model
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_for_training(base_path: str, parent: dict | None, options: TrainingOptions):
+    """(model, peft_config or None, strategy) for the job.
+
+    With a parent adapter: "reuse" continues training it (TRL then uses it as the reference),
+    "stack" merges it into the weights and adds a fresh adapter on top; without LoRA the parent is
+    merged and the whole model trained.
+    """
+    model = _load_base(base_path, options)
+    if parent is None:
+        return model, (lora_config(options) if options.use_lora else None), "new"
+    from peft import PeftModel
+
+    if options.use_lora and not options.stack_lora_adapters:
+        return PeftModel.from_pretrained(model, parent["path"], is_trainable=True), None, "reuse"
+    merged = PeftModel.from_pretrained(model, parent["path"]).merge_and_unload()
+    if not options.use_lora:
+        return merged, None, "full"
+    return merged, lora_config(options), "stack"
+
+
+def trainer_config(options: TrainingOptions, output_dir: str, **overrides: Any):
+    """The TRL config for `options`: no hub, no reports, no checkpoints, our precision."""
+    from trl import DPOConfig, SFTConfig
+
+    common: dict[str, Any] = {
+        "output_dir": output_dir,
+        "num_train_epochs": options.n_epochs,
+        "per_device_train_batch_size": options.batch_size,
+        "learning_rate": options.learning_rate,
+        "seed": options.seed,
+        "report_to": "none",
+        "push_to_hub": False,
+        "save_strategy": "no",
+        "logging_steps": 1,
+        "dataloader_num_workers": 0,
+        "disable_tqdm": True,
+        **precision_args(),
+    }
+    if options.method == "dpo":
+        # TRL disables dropout so policy and reference agree; keep LoRA dropout when asked for.
+        disable = not (options.use_lora and options.lora_dropout > 0)
+        return DPOConfig(beta=options.beta, disable_dropout=disable, **common | overrides)
+    return SFTConfig(**common | overrides)
+
+
+def build_trainer(options, model, tokenizer, rows, output_dir, peft_config=None, callbacks=()):
+    """A ready TRL trainer over the TRL-format `rows`."""
+    from datasets import Dataset
+    from trl import DPOTrainer, SFTTrainer
+
+    trainer_cls = DPOTrainer if options.method == "dpo" else SFTTrainer
+    return trainer_cls(
+        model=model,
+        args=trainer_config(options, output_dir),
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=list(callbacks),
+    )
+
+
+def save_result(trainer, tokenizer, output_dir: Path, strategy: str, parent: dict | None) -> str:
+    """Write the adapter (or full model) and tokenizer; returns "lora" or "full"."""
+    model = trainer.model
+    if strategy == "full":
+        model.save_pretrained(output_dir, safe_serialization=True)
+        tokenizer.save_pretrained(output_dir)
+        return "full"
+    if not hasattr(model, "peft_config"):  # use_lora False without a parent adapter
+        model.save_pretrained(output_dir, safe_serialization=True)
+        tokenizer.save_pretrained(output_dir)
+        return "full"
+    target = output_dir / "new" if strategy == "stack" else output_dir
+    model.save_pretrained(target, selected_adapters=["default"], safe_serialization=True)
+    if strategy == "stack":
+        from nip_core.lm_server.stacking import stack_adapters
+
+        stack_adapters(Path(parent["path"]), target, output_dir)
+    tokenizer.save_pretrained(output_dir)
+    return "lora"
