@@ -42,6 +42,7 @@ from nip_core.tree_arrays import (
     as_parent_array,
     mix64,
     random_keys,
+    seed_base,
     segment_starts,
     tag_with_position,
 )
@@ -124,11 +125,12 @@ def select_pairs(
         raise ValueError(f"acted has shape {acted.shape} but value has {value.shape}")
     n_agents = value.shape[1]
     keys = as_node_keys(node_key, n)
+    thr = as_agent_vector(threshold, n_agents, "threshold")
+    gap = _min_gaps(reward_min, reward_max, interval_threshold_proportion, n_agents)
+    seed_base(seed)  # validate even when no draw is needed
     cand = _candidates(parent, value, acted)
     if method == "positive_negative":
-        thr = as_agent_vector(threshold, n_agents, "threshold")
         return _positive_negative(cand, thr, keys, seed)
-    gap = _min_gaps(reward_min, reward_max, interval_threshold_proportion, n_agents)
     return _interval(cand, gap, keys, seed)
 
 

@@ -174,15 +174,23 @@ def random_forest(
     }
 
 
-def dfs_permutation(parent: np.ndarray) -> np.ndarray:
-    """`perm[new] = old`: a depth-first preorder, still topological but not level-sorted."""
+def dfs_permutation(parent: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
+    """`perm[new] = old`: a depth-first preorder, still topological but not level-sorted.
+
+    With `rng`, roots and siblings are visited in random order, so sibling order changes too.
+    """
     children = children_lists(parent.tolist())
     order: list[int] = []
     stack = [int(r) for r in np.flatnonzero(parent < 0)[::-1]]
+    if rng is not None:
+        rng.shuffle(stack)
     while stack:
         node = stack.pop()
         order.append(node)
-        stack.extend(reversed(children[node]))
+        kids = list(reversed(children[node]))
+        if rng is not None:
+            rng.shuffle(kids)
+        stack.extend(kids)
     return np.array(order, dtype=np.int64)
 
 
