@@ -1,4 +1,5 @@
-"""Table-driven tests for the six interaction protocols (one table per protocol).
+"""Table-driven tests for the interaction protocols, one table per protocol: nip, adp and
+solo_verifier here; debate, merlin_arthur and mnip in test_protocols_two_provers.py.
 
 Each row is one check on a protocol built from real `HyperParameters` with the given overrides:
 - `Sched`: who is active on which channel in every round, for one schedule variant and seed;
@@ -9,25 +10,15 @@ Expected values are written out by hand from the protocol rules, never computed.
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
-from dataclasses import dataclass, replace
-from pathlib import Path
-from types import SimpleNamespace
+from dataclasses import dataclass
 
 import pytest
 
-from nip_core.parameters import CommonProtocolParameters, HyperParameters
+from nip_core.parameters import HyperParameters
 from nip_core.protocols import (
-    PROTOCOL_NAMES,
-    AgentSpec,
     Protocol,
     active_agents,
     active_channels,
-    agent_stance,
-    channel_order,
     is_agent_active,
     last_active_round,
     make_protocol,
@@ -35,11 +26,8 @@ from nip_core.protocols import (
     reward_mid_point,
     reward_range,
     step_outcome,
-    verifier_can_decide,
 )
-from nip_core.protocols.schedule import validate_schedule
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 AGENT = {"P": "prover", "P0": "prover0", "P1": "prover1", "V": "verifier"}
 CHANNEL = {"m": "main", "c0": "prover0_channel", "c1": "prover1_channel"}
 # Distinct reward numbers so that a mixed-up field shows up as a wrong value.
@@ -175,6 +163,12 @@ def _common(*parts: dict) -> dict[str, dict]:
 
 
 VF_FALSE = {"verifier_first": False}
+
+
+def _two(group: str, **fields: object) -> dict[str, dict]:
+    return {group: dict(fields)}
+
+
 NIP_R = {"nip_protocol": {"max_message_rounds": 5}}
 
 V_M, P_M = "V:m", "P:m"
@@ -304,234 +298,6 @@ def test_adp(groups: dict, check: Sched | Step | Meta) -> None:
     _verify("adp", groups, check)
 
 
-V2, PP, P0, P1 = "V:c0,c1", "P0:c0 P1:c1", "P0:c0", "P1:c1"
-EXPERTS = {"V": 0.0, "P0": 0.5, "P1": 0.5}
-
-
-def _two(group: str, **fields: object) -> dict[str, dict]:
-    return {group: dict(fields)}
-
-
-def _schedule_rows(group: str) -> list[tuple]:
-    """The four (verifier_first x sequential) schedules plus prover1-first variants."""
-    pf = _common(VF_FALSE)
-    return [
-        ("sched-vf-sim-R4", _two(group, max_message_rounds=4), Sched((V2, PP, V2, PP))),
-        ("sched-vf-sim-R8", {}, Sched((V2, PP) * 4, seed=5)),
-        (
-            "sched-vf-seq-p0-R7",
-            _two(group, max_message_rounds=7, sequential=True),
-            Sched((V2, P0, P1, V2, P0, P1, V2)),
-        ),
-        (
-            "sched-vf-seq-p1-R6",
-            _two(group, max_message_rounds=6, sequential=True, prover0_first=False),
-            Sched((V2, P1, P0, V2, P1, P0)),
-        ),
-        ("sched-pf-sim-R4", pf | _two(group, max_message_rounds=4), Sched((PP, V2, PP, V2))),
-        (
-            "sched-pf-sim-p1-R2",
-            pf | _two(group, max_message_rounds=2, prover0_first=False),
-            Sched((PP, V2)),
-        ),
-        (
-            "sched-pf-seq-p0-R6",
-            pf | _two(group, max_message_rounds=6, sequential=True),
-            Sched((P0, P1, V2, P0, P1, V2)),
-        ),
-        (
-            "sched-pf-seq-p1-R3",
-            pf | _two(group, max_message_rounds=3, sequential=True, prover0_first=False),
-            Sched((P1, P0, V2)),
-        ),
-    ]
-
-
-def _two_prover_meta_rows(group: str, randomisable: bool) -> list[tuple]:
-    ranges = {"V": (-1, 1), "P0": (0, 1), "P1": (0, 1)}
-    return [
-        (
-            "meta-default",
-            {},
-            Meta(8, 1, 4, ranges, EXPERTS, (3, 2, 2, 1, 1, 0, 0, 0), 6, randomisable),
-        ),
-        (
-            "meta-vf-seq-R7",
-            _two(group, max_message_rounds=7, sequential=True),
-            Meta(7, 1, 3, ranges, EXPERTS, (2, 1, 1, 1, 0, 0, 0), 6),
-        ),
-        (
-            "meta-pf-seq-R6",
-            _common(VF_FALSE) | _two(group, max_message_rounds=6, sequential=True),
-            Meta(6, 1, 2, ranges, EXPERTS, (1, 1, 1, 0, 0, 0), 5),
-        ),
-        ("meta-min2", _two(group, min_message_rounds=2), Meta(8, 2, 4, {}, {})),
-        (
-            "meta-odd-shared",
-            _common(ODD, SHARED),
-            Meta(8, 1, 4, {"V": (-5, 3), "P0": (-5, 3), "P1": (-5, 3)}, {"P0": -0.5, "P1": -0.5}),
-        ),
-        (
-            "meta-odd",
-            _common(ODD),
-            Meta(8, 1, 4, {"P0": (0, 2), "P1": (0, 2)}, {"P0": 1.0, "V": -0.5}),
-        ),
-    ]
-
-
-SEQ7 = _two("debate_protocol", max_message_rounds=7, sequential=True)
-DEBATE_ROWS = _rows(
-    *_schedule_rows("debate_protocol"),
-    *_two_prover_meta_rows("debate_protocol", randomisable=False),
-    ("accept-y1", {}, Step(2, 1, 1, {"P0": 0, "P1": 1, "V": 1}, "done")),
-    ("reject-y1", {}, Step(2, 0, 1, {"P0": 1, "P1": 0, "V": -1}, "done")),
-    ("reject-y0", {}, Step(0, 0, 0, {"P0": 1, "P1": 0, "V": 1}, "done")),
-    ("accept-y0", {}, Step(6, 1, 0, {"P0": 0, "P1": 1, "V": -1}, "done")),
-    (
-        "rand-stance-ignored",
-        _common(RANDOM_STANCE),
-        Step(2, 1, 1, {"P0": 0, "P1": 1, "V": 1}, "done", 0),
-    ),
-    ("shared-accept-y0", _common(SHARED), Step(2, 1, 0, {"P0": -1, "P1": -1, "V": -1}, "done")),
-    (
-        "odd-shared-reject-y0",
-        _common(ODD, SHARED),
-        Step(2, 0, 0, {"P0": 3, "P1": 3, "V": 3}, "done"),
-    ),
-    ("odd-accept-y1", _common(ODD), Step(2, 1, 1, {"P0": 0, "P1": 2, "V": 3}, "done")),
-    ("terminated", {}, Step(7, None, 1, {"P0": 0, "P1": 0, "V": -1}, "terminated")),
-    (
-        "odd-shared-terminated",
-        _common(ODD, SHARED),
-        Step(7, 1, 1, {"P0": -5, "P1": -5, "V": -5}, "terminated"),
-    ),
-    (
-        "seq-terminated-in-verifier-round",
-        _common(ODD) | SEQ7,
-        Step(6, None, 1, {"P0": 0, "P1": 0, "V": -5}, "terminated"),
-    ),
-    ("seq-decision-in-last-round", SEQ7, Step(6, 0, 1, {"P0": 1, "P1": 0, "V": -1}, "done")),
-    (
-        "seq-decision-in-prover-round",
-        _common(ODD) | SEQ7,
-        Step(1, 1, 1, {"P0": 0, "P1": 0, "V": 0}),
-    ),
-    ("no-guess", _common(ODD), Step(4, None, 1, {"P0": 0, "P1": 0, "V": 0.25})),
-    (
-        "early-decision-ignored",
-        _two("debate_protocol", min_message_rounds=3),
-        Step(0, 0, 0, {"P0": 0, "P1": 0, "V": 0}),
-    ),
-    (
-        "decision-at-min-round",
-        _two("debate_protocol", min_message_rounds=3),
-        Step(2, 0, 0, {"P0": 1, "P1": 0, "V": 1}, "done"),
-    ),
-    (
-        "force-y",
-        _common({"force_guess": "y"}),
-        Step(0, None, 1, {"P0": 0, "P1": 1, "V": 1}, "done"),
-    ),
-)
-
-
-@pytest.mark.parametrize(("groups", "check"), DEBATE_ROWS)
-def test_debate(groups: dict, check: Sched | Step | Meta) -> None:
-    _verify("debate", groups, check)
-
-
-MA_ROWS = _rows(
-    ("sched-seed0", {}, Sched(("P0:m", V_M), seed=0)),
-    ("sched-seed7", {}, Sched(("P1:m", V_M), seed=7)),
-    ("sched-seed2", NIP_R, Sched(("P0:m", V_M), seed=2)),
-    ("sched-seed-minus3", _common(VF_FALSE), Sched(("P1:m", V_M), seed=-3)),
-    ("sched-seed-large-even", {}, Sched(("P0:m", V_M), seed=2**40)),
-    (
-        "meta",
-        NIP_R,
-        Meta(2, 1, 1, {"V": (-1, 1), "P0": (0, 1), "P1": (0, 1)}, EXPERTS, (0, 0), 1, False),
-    ),
-    ("meta-odd-shared", _common(ODD, SHARED), Meta(2, 1, 1, {"P1": (-5, 3)}, {"P0": -0.5})),
-    ("accept-y1", {}, Step(1, 1, 1, {"P0": 0, "P1": 1, "V": 1}, "done", seed=0)),
-    ("reject-y0", {}, Step(1, 0, 0, {"P0": 1, "P1": 0, "V": 1}, "done", seed=1)),
-    ("accept-y0", {}, Step(1, 1, 0, {"P0": 0, "P1": 1, "V": -1}, "done", seed=1)),
-    ("reject-y1", {}, Step(1, 0, 1, {"P0": 1, "P1": 0, "V": -1}, "done", seed=4)),
-    (
-        "rand-stance-ignored",
-        _common(RANDOM_STANCE),
-        Step(1, 1, 1, {"P0": 0, "P1": 1, "V": 1}, "done", 0),
-    ),
-    (
-        "odd-shared-accept-y0",
-        _common(ODD, SHARED),
-        Step(1, 1, 0, {"P0": -4, "P1": -4, "V": -4}, "done"),
-    ),
-    ("terminated", {}, Step(1, None, 1, {"P0": 0, "P1": 0, "V": -1}, "terminated")),
-    (
-        "odd-terminated",
-        _common(ODD),
-        Step(1, None, 0, {"P0": 0, "P1": 0, "V": -5}, "terminated", seed=3),
-    ),
-    ("decision-in-prover-round", _common(ODD), Step(0, 1, 1, {"P0": 0, "P1": 0, "V": 0}, seed=1)),
-    (
-        "force-one",
-        _common({"force_guess": "one"}),
-        Step(1, None, 1, {"P0": 0, "P1": 1, "V": 1}, "done", seed=5),
-    ),
-)
-
-
-@pytest.mark.parametrize(("groups", "check"), MA_ROWS)
-def test_merlin_arthur(groups: dict, check: Sched | Step | Meta) -> None:
-    _verify("merlin_arthur", groups, check)
-
-
-MNIP_ROWS = _rows(
-    *_schedule_rows("mnip_protocol"),
-    *_two_prover_meta_rows("mnip_protocol", randomisable=True),
-    ("accept-y1", {}, Step(2, 1, 1, {"P0": 1, "P1": 1, "V": 1}, "done")),
-    ("reject-y0", {}, Step(2, 0, 0, {"P0": 0, "P1": 0, "V": 1}, "done")),
-    ("accept-y0", {}, Step(4, 1, 0, {"P0": 1, "P1": 1, "V": -1}, "done")),
-    ("reject-y1", {}, Step(0, 0, 1, {"P0": 0, "P1": 0, "V": -1}, "done")),
-    (
-        "rand-stance0-reject-y0",
-        _common(RANDOM_STANCE),
-        Step(2, 0, 0, {"P0": 1, "P1": 1, "V": 1}, "done", 0),
-    ),
-    (
-        "rand-stance0-accept-y1",
-        _common(RANDOM_STANCE),
-        Step(2, 1, 1, {"P0": 0, "P1": 0, "V": 1}, "done", 0),
-    ),
-    ("fixed-stance0-reject-y0", {}, Step(2, 0, 0, {"P0": 0, "P1": 0, "V": 1}, "done", 0)),
-    ("shared-accept-y0", _common(SHARED), Step(2, 1, 0, {"P0": -1, "P1": -1, "V": -1}, "done")),
-    ("odd-accept-y0", _common(ODD), Step(2, 1, 0, {"P0": 2, "P1": 2, "V": -4}, "done")),
-    ("terminated", {}, Step(7, None, 1, {"P0": 0, "P1": 0, "V": -1}, "terminated")),
-    (
-        "odd-shared-terminated",
-        _common(ODD, SHARED),
-        Step(7, None, 1, {"P0": -5, "P1": -5, "V": -5}, "terminated"),
-    ),
-    ("no-guess", _common(ODD), Step(2, None, 1, {"P0": 0, "P1": 0, "V": 0.25})),
-    ("decision-in-prover-round", {}, Step(1, 1, 1, {"P0": 0, "P1": 0, "V": 0})),
-    (
-        "early-decision-ignored",
-        _two("mnip_protocol", min_message_rounds=2),
-        Step(0, 1, 1, {"P0": 0, "P1": 0, "V": 0}),
-    ),
-    (
-        "force-zero",
-        _common({"force_guess": "zero"}),
-        Step(0, None, 0, {"P0": 0, "P1": 0, "V": 1}, "done"),
-    ),
-)
-
-
-@pytest.mark.parametrize(("groups", "check"), MNIP_ROWS)
-def test_mnip(groups: dict, check: Sched | Step | Meta) -> None:
-    _verify("mnip", groups, check)
-
-
 SOLO_ROWS = _rows(
     ("sched", {}, Sched((V_M,))),
     ("sched-ignores-nip-rounds", NIP_R | _common(VF_FALSE), Sched((V_M,), seed=9)),
@@ -556,195 +322,3 @@ SOLO_ROWS = _rows(
 @pytest.mark.parametrize(("groups", "check"), SOLO_ROWS)
 def test_solo_verifier(groups: dict, check: Sched | Step | Meta) -> None:
     _verify("solo_verifier", groups, check)
-
-
-C0, C1 = "prover0_channel", "prover1_channel"
-
-
-def test_channel_order_per_agent() -> None:
-    """Provers see the opponent first; the verifier's order is fixed unless randomised."""
-    fixed = make_protocol(_hp("debate", _two("debate_protocol", randomize_channel_order=False)))
-    shuffled = make_protocol(_hp("debate", {}))
-    mnip = make_protocol(_hp("mnip", {}))
-    nip = make_protocol(_hp("nip", {}))
-    for round in range(8):
-        assert channel_order(fixed, "verifier", round, 3) == (C0, C1)
-        assert channel_order(shuffled, "prover0", round, 3) == (C1, C0)
-        assert channel_order(shuffled, "prover1", round, 3) == (C0, C1)
-        assert channel_order(mnip, "prover0", round, 3) == (C0,)
-        assert channel_order(mnip, "prover1", round, 3) == (C1,)
-        assert channel_order(nip, "verifier", round, 3) == ("main",)
-        assert sorted(channel_order(shuffled, "verifier", round, 3)) == [C0, C1]
-    orders = {channel_order(shuffled, "verifier", r, s) for s in range(4) for r in range(8)}
-    assert orders == {(C0, C1), (C1, C0)}
-    # The order is a function of (seed, round) only: mnip and debate agree.
-    assert all(
-        channel_order(mnip, "verifier", r, s) == channel_order(shuffled, "verifier", r, s)
-        for s in range(4)
-        for r in range(8)
-    )
-
-
-_ORDER_SCRIPT = """
-from nip_core.parameters import HyperParameters
-from nip_core.protocols import channel_order, make_protocol
-hp = HyperParameters(scenario="code_validation", trainer="pure_text_malt",
-                     dataset="humaneval-buggy", interaction_protocol="debate")
-p = make_protocol(hp)
-print([channel_order(p, "verifier", r, s) for s in range(6) for r in range(8)])
-"""
-
-
-def test_channel_order_is_the_same_in_every_process() -> None:
-    """Python's string hash is salted per process; the verifier's order must not depend on it."""
-    outputs = set()
-    for hash_seed in ("1", "2", "random"):
-        env = os.environ | {"PYTHONHASHSEED": hash_seed}
-        done = subprocess.run(
-            [sys.executable, "-c", _ORDER_SCRIPT],
-            cwd=REPO_ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=120,
-        )
-        outputs.add(done.stdout.strip())
-    protocol = make_protocol(_hp("debate", {}))
-    here = [channel_order(protocol, "verifier", r, s) for s in range(6) for r in range(8)]
-    assert outputs == {str(here)}
-
-
-def test_same_config_gives_equal_hashable_protocols() -> None:
-    first = make_protocol(_hp("debate", _common(ODD)))
-    assert first == make_protocol(_hp("debate", _common(ODD)))
-    assert hash(first) == hash(make_protocol(_hp("debate", _common(ODD))))
-    assert first != make_protocol(_hp("debate", {}))
-    assert first.agent_names == ("prover0", "prover1", "verifier")
-    assert first.verifier_name == "verifier"
-    assert first.agent("verifier").response_headers == {
-        C0: "Question for Expert_1:",
-        C1: "Question for Expert_2:",
-    }
-
-
-@pytest.mark.parametrize(
-    ("name", "human_names", "anonymous", "stances", "last_round_message"),
-    [
-        ("nip", ("Expert", "Verifier"), False, (1,), True),
-        ("adp", ("Expert", "Verifier"), False, (1,), False),
-        ("debate", ("Expert_1", "Expert_2", "Verifier"), False, (0, 1), True),
-        ("merlin_arthur", ("Expert_1", "Expert_2", "Verifier"), True, (0, 1), False),
-        ("mnip", ("Expert_1", "Expert_2", "Verifier"), False, (1, 1), True),
-        ("solo_verifier", ("Verifier",), False, (), False),
-    ],
-)
-def test_agent_specs(
-    name: str,
-    human_names: tuple[str, ...],
-    anonymous: bool,
-    stances: tuple[int, ...],
-    last_round_message: bool,
-) -> None:
-    protocol = make_protocol(_hp(name, {}))
-    assert tuple(a.human_name for a in protocol.agents) == human_names
-    provers = [protocol.agent(n) for n in protocol.prover_names]
-    assert all(p.anonymous == anonymous for p in provers)
-    assert not protocol.agent("verifier").anonymous
-    assert tuple(agent_stance(protocol, p.name, 0) for p in provers) == stances
-    verifier_message = protocol.agent("verifier").last_round_message
-    assert (verifier_message is not None) == last_round_message
-
-
-def test_mnip_provers_cannot_see_each_other() -> None:
-    protocol = make_protocol(_hp("mnip", {}))
-    assert protocol.agent("prover0").visible_channels == (C0,)
-    assert protocol.agent("prover1").visible_channels == (C1,)
-    assert protocol.agent("verifier").visible_channels == (C0, C1)
-    assert make_protocol(_hp("debate", {})).agent("prover0").visible_channels == (C0, C1)
-
-
-def test_verifier_can_decide_from_min_round() -> None:
-    protocol = make_protocol(_hp("nip", {"nip_protocol": {"min_message_rounds": 4}}))
-    decidable = [verifier_can_decide(protocol, r, 0) for r in range(8)]
-    assert decidable == [False, False, False, False, True, False, True, False]
-
-
-def test_schedule_validation_rejects_invisible_and_shared_channels() -> None:
-    mnip = make_protocol(_hp("mnip", {}))
-    blind = AgentSpec("prover0", "Expert_1", False, (C1,))
-    with pytest.raises(ValueError, match="'prover0' would write to channel 'prover0_channel'"):
-        validate_schedule(replace(mnip, agents=(blind, *mnip.agents[1:])))
-    nip = make_protocol(_hp("nip", {}))
-    with pytest.raises(ValueError, match="cannot see it"):
-        validate_schedule(
-            replace(nip, agents=(nip.agents[0], AgentSpec("verifier", "V", True, ())))
-        )
-    second_prover = AgentSpec("prover0", "Expert_2", False, ("main",))
-    crowded = replace(nip, agents=(nip.agents[0], second_prover, nip.agents[1]))
-    with pytest.raises(ValueError, match="'prover' and 'prover0' both write to channel 'main'"):
-        validate_schedule(crowded)
-    debate = make_protocol(_hp("debate", {}))
-    with pytest.raises(ValueError, match="unknown protocol"):
-        validate_schedule(replace(debate, name="chess"))
-
-
-def test_bad_inputs_give_clear_errors() -> None:
-    protocol = make_protocol(_hp("nip", {}))
-    with pytest.raises(ValueError, match="interaction_protocol 'bogus'"):
-        make_protocol(SimpleNamespace(interaction_protocol="bogus"))
-    with pytest.raises(ValueError, match="no agent 'prover0'.*'prover', 'verifier'"):
-        active_channels(protocol, "prover0", 0, 0)
-    for round in (-1, 8):
-        with pytest.raises(ValueError, match=f"round {round} is outside"):
-            step_outcome(protocol, round, 1, 1, 1, 0)
-    with pytest.raises(ValueError, match="decision must be"):
-        step_outcome(protocol, 0, 2, 1, 1, 0)
-    with pytest.raises(ValueError, match="y must be"):
-        step_outcome(protocol, 0, 1, 3, 1, 0)
-    with pytest.raises(ValueError, match="prover_stance must be"):
-        agent_stance(protocol, "prover", -1)
-    with pytest.raises(ValueError, match="verifier, which argues no stance"):
-        agent_stance(protocol, "verifier", 1)
-    with pytest.raises(ValueError, match="no agent 'judge'"):
-        reward_range(protocol, "judge")
-
-
-def _raw_params(common: dict, nip_rounds: tuple[int, int]) -> SimpleNamespace:
-    """Unvalidated stand-in for HyperParameters, to reach make_protocol's own checks."""
-    defaults = vars(CommonProtocolParameters())
-    rounds = SimpleNamespace(max_message_rounds=nip_rounds[0], min_message_rounds=nip_rounds[1])
-    return SimpleNamespace(
-        interaction_protocol="nip",
-        protocol_common=SimpleNamespace(**(defaults | common)),
-        nip_protocol=rounds,
-    )
-
-
-@pytest.mark.parametrize(
-    ("common", "nip_rounds", "message"),
-    [
-        ({}, (4, 5), "min_message_rounds must lie in 1..4, got 5"),
-        ({}, (0, 1), "max_message_rounds must be at least 1, got 0"),
-        ({}, (4, 0), "min_message_rounds must lie in 1..4, got 0"),
-        ({"force_guess": "maybe"}, (4, 1), "force_guess must be one of"),
-    ],
-)
-def test_impossible_settings_are_rejected(
-    common: dict, nip_rounds: tuple[int, int], message: str
-) -> None:
-    make_protocol(_raw_params({}, (4, 1)))  # the stand-in itself is acceptable
-    with pytest.raises(ValueError, match=re.escape(message)):
-        make_protocol(_raw_params(common, nip_rounds))
-
-
-@pytest.mark.parametrize("name", PROTOCOL_NAMES)
-def test_every_round_has_an_actor_and_the_episode_ends(name: str) -> None:
-    """Playing with no decisions terminates in the last round and never earlier."""
-    protocol = make_protocol(_hp(name, {}))
-    for seed in (0, 1):
-        ends = []
-        for round in range(protocol.max_message_rounds):
-            assert active_agents(protocol, round, seed)
-            ends.append(step_outcome(protocol, round, None, 1, 1, seed).terminated)
-        assert ends == [False] * (protocol.max_message_rounds - 1) + [True]
