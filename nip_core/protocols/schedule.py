@@ -6,9 +6,8 @@ rollout replayed with the same seed takes the same turns in any process.
 
 from __future__ import annotations
 
-import hashlib
-
 from nip_core.protocols.records import MAIN_CHANNEL, Protocol
+from nip_core.seeding import stable_int
 
 _PROVER_CHANNELS = {"prover0": "prover0_channel", "prover1": "prover1_channel"}
 
@@ -125,8 +124,7 @@ def max_rounds_remaining_questions(protocol: Protocol, round: int) -> int:
 
 def stable_hash(*parts: object) -> int:
     """A 64-bit hash of the parts' text that is the same in every process (unlike `hash`)."""
-    text = "\x1f".join(str(part) for part in parts)
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+    return stable_int(*parts, bits=64)
 
 
 def channel_order(
