@@ -400,6 +400,7 @@ class DummyChatClient:
         self.seed, self.latency, self.invalid_probability = seed, latency, invalid_probability
         self.calls = 0
         self.call_keys: list[str] = []
+        self.call_log: str | None = None
 
     def _rng(self, messages: list[dict], sampling: SamplingParams, index: int) -> random.Random:
         convo = [[m["role"], m["content"], m.get("name")] for m in messages]
@@ -424,7 +425,11 @@ class DummyChatClient:
             await asyncio.sleep(self.latency)
         texts = [self.reply(messages, sampling, i) for i in range(n)]
         self.calls += 1
-        self.call_keys.append(request_digest(messages, model, n, sampling))
+        key = request_digest(messages, model, n, sampling)
+        self.call_keys.append(key)
+        if self.call_log is not None:  # cross-process record, for resume tests
+            with open(self.call_log, "a", encoding="utf-8") as f:
+                f.write(key + "\n")
         return texts
 
 
@@ -445,20 +450,28 @@ def make_chat_client(
     cache clients per (base_url, key env); this function always builds a new one.
     """
     if _param(agent_params, "use_dummy_api", False):
-        return DummyChatClient(dummy_seed)
+        # Test knobs: a simulated latency and a call log shared across processes.
+        client = DummyChatClient(
+            dummy_seed, latency=float(os.environ.get("NIP_DUMMY_LATENCY", "0") or 0)
+        )
+        client.call_log = os.environ.get("NIP_DUMMY_CALL_LOG") or None
+        return client
+    base_url, key_env = api_endpoint(agent_params)
+    return OpenAIChatClient(base_url, key_env, max_concurrency=max_concurrency)
+
+
+def api_endpoint(agent_params: Any) -> tuple[str | None, str | None]:
+    """(base URL, env var holding the API key) of an agent's provider; None key = no key."""
     provider = _param(agent_params, "model_provider", "OpenAI")
     if provider == "OpenAI":
-        return OpenAIChatClient(None, "OPENAI_API_KEY", max_concurrency=max_concurrency)
+        return None, "OPENAI_API_KEY"
     if provider == "OpenRouter":
-        return OpenAIChatClient(
-            OPENROUTER_BASE_URL, "OPENROUTER_API_KEY", max_concurrency=max_concurrency
-        )
+        return OPENROUTER_BASE_URL, "OPENROUTER_API_KEY"
     if provider == "SelfHosted":
         host = _param(agent_params, "language_model_server_scheme_host", "http://localhost")
         port = _param(agent_params, "language_model_server_port", 5000)
         key_env = SELF_HOSTED_TOKEN_ENV if os.environ.get(SELF_HOSTED_TOKEN_ENV) else None
-        base_url = f"{str(host).rstrip('/')}:{port}/v1"
-        return OpenAIChatClient(base_url, key_env, max_concurrency=max_concurrency)
+        return f"{str(host).rstrip('/')}:{port}/v1", key_env
     raise ValueError(
         f"unknown model_provider {provider!r}; expected 'OpenAI', 'OpenRouter' or 'SelfHosted'"
     )

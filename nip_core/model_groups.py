@@ -1,0 +1,358 @@
+"""Shared model groups: agents that share one model, its fine-tune jobs and model switching.
+
+One code path (the `openai` SDK) drives OpenAI, OpenRouter and our self-hosted server. A group
+trains one model on the data of all its agents; frozen groups never train. Jobs carry an
+idempotency key (run, iteration, group) in their metadata, so a restarted flow finds the job it
+already submitted instead of creating a second one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import nip_core
+
+log = logging.getLogger(__name__)
+
+JobStatus = Literal["pending", "running", "succeeded", "failed", "cancelled", "not_found"]
+OPENAI_MIN_EXAMPLES = 10
+DUMMY_JOB_ID = "dummy_job_id"
+FROZEN_JOB_ID = "frozen_job_id"
+INSUFFICIENT_DATA_JOB_ID = "insufficient_data_job_id"
+_LOCAL_JOB_IDS = {DUMMY_JOB_ID, FROZEN_JOB_ID, INSUFFICIENT_DATA_JOB_ID}
+_STATUS_MAP = {
+    "validating_files": "pending",
+    "queued": "pending",
+    "running": "running",
+    "succeeded": "succeeded",
+    "failed": "failed",
+    "cancelled": "cancelled",
+}
+
+
+class FineTuneJobError(RuntimeError):
+    """A fine-tune job failed, was cancelled or vanished."""
+
+
+@dataclass
+class GroupState:
+    fine_tune_job_id: str | None = None
+    fine_tuned_model_name: str | None = None
+    skip_reason: str | None = None
+
+
+def job_key(run_name: str, iteration: int, group: str) -> str:
+    return f"{run_name}/{iteration:04d}/{group}"
+
+
+def job_suffix(run_name: str, iteration: int, group: str) -> str:
+    """A job name short enough for OpenAI's 64-character suffix limit (nip §8.21)."""
+    return f"{run_name}-it{iteration}-{group}"[-64:].lstrip("-")
+
+
+async def with_backoff(call, *, attempts: int = 6, base: float = 1.0, cap: float = 60.0):
+    """Retry `call()` on rate-limit, quota and transient server/connection errors."""
+    import openai
+
+    transient = (
+        openai.RateLimitError,
+        openai.APIConnectionError,
+        openai.APITimeoutError,
+        openai.InternalServerError,
+    )
+    for attempt in range(attempts):
+        try:
+            return await call()
+        except transient as e:
+            if attempt == attempts - 1:
+                raise
+            delay = min(cap, base * 2**attempt) * random.random()
+            log.warning("fine-tuning API: %s; retrying in %.1f s", type(e).__name__, delay)
+            await asyncio.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+class SharedModelGroup:
+    """A group of agents sharing one model (OpenAI-compatible fine-tuning API)."""
+
+    def __init__(
+        self,
+        name: str,
+        agent_params: Mapping[str, Any],
+        *,
+        rl_num_epochs: int,
+        rl_learning_rate: float,
+        client: Any = None,
+    ) -> None:
+        self.name = name
+        self.agent_params = dict(agent_params)
+        first = next(iter(self.agent_params.values()))
+        self.params = first
+        self.base_model_name: str = first.model_name
+        self.rl_num_epochs = rl_num_epochs
+        self.rl_learning_rate = rl_learning_rate
+        self.client = client
+        self.state = GroupState()
+
+    # ------------------------------------------------------------------ properties
+
+    def agent_ids_and_names(self) -> list[tuple[int, str]]:
+        return list(enumerate(self.agent_params))
+
+    @property
+    def is_trainable(self) -> bool:
+        return not self.params.freeze_agent
+
+    @property
+    def model_name(self) -> str:
+        return self.state.fine_tuned_model_name or self.base_model_name
+
+    @property
+    def lora_alpha(self) -> float:
+        p = self.params
+        return p.lora_alpha if p.lora_alpha is not None else p.lora_rank * p.lora_alpha_scale
+
+    @property
+    def num_epochs(self) -> int:
+        return self.params.num_epochs if self.params.num_epochs is not None else self.rl_num_epochs
+
+    @property
+    def min_examples(self) -> int:
+        return OPENAI_MIN_EXAMPLES if self.params.model_provider == "OpenAI" else 1
+
+    # ------------------------------------------------------------------ state
+
+    def get_state(self) -> dict:
+        return asdict(self.state)
+
+    def set_state(self, state: GroupState | Mapping[str, Any]) -> None:
+        data = asdict(state) if isinstance(state, GroupState) else dict(state)
+        self.state = GroupState(**{k: data.get(k) for k in asdict(GroupState())})
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def wait_for_ready(self, timeout: float = 300.0) -> None:
+        """For a self-hosted server: wait until /health answers with our package version."""
+        if self.params.use_dummy_api or self.params.model_provider != "SelfHosted":
+            return
+        import httpx
+
+        url = (
+            f"{self.params.language_model_server_scheme_host.rstrip('/')}:"
+            f"{self.params.language_model_server_port}/health"
+        )
+        deadline = time.monotonic() + timeout
+        async with httpx.AsyncClient(timeout=2.0) as http:
+            while True:
+                try:
+                    response = await http.get(url)
+                    if response.status_code == 200:
+                        version = response.json().get("version")
+                        if version != nip_core.__version__:
+                            raise RuntimeError(
+                                f"language-model server at {url} runs version {version}, "
+                                f"this package is {nip_core.__version__}"
+                            )
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"language-model server at {url} not ready in {timeout} s")
+                await asyncio.sleep(0.5)
+
+    async def train(self) -> None:
+        """Nothing to do client-side: the self-hosted server frees the GPU when a job starts."""
+
+    async def eval(self) -> None:
+        """Nothing to do client-side: the server re-acquires the GPU after training."""
+
+    # ------------------------------------------------------------------ jobs
+
+    def _local_job(self, rows: int) -> str | None:
+        """A job id that needs no API call (frozen, too little data, dummy), or None."""
+        if not self.is_trainable:
+            return FROZEN_JOB_ID
+        if rows < self.min_examples:
+            log.warning(
+                "group %s: %d training examples, fewer than the %d required; not fine-tuning "
+                "this iteration (the group keeps model %s)",
+                self.name,
+                rows,
+                self.min_examples,
+                self.model_name,
+            )
+            self.state.skip_reason = f"{rows} examples < {self.min_examples} required"
+            return INSUFFICIENT_DATA_JOB_ID
+        if self.params.use_dummy_api:
+            return DUMMY_JOB_ID
+        return None
+
+    def _hyperparameters(self, method: str) -> dict:
+        hyper: dict[str, Any] = {"n_epochs": self.num_epochs}
+        if method == "dpo" and self.params.dpo_beta is not None:
+            hyper["beta"] = self.params.dpo_beta
+        if self.params.model_provider == "SelfHosted":
+            hyper["batch_size"] = self.params.per_device_train_batch_size
+        return hyper
+
+    def _training_extension(self) -> dict:
+        """Our server's LoRA options (sent in the request body; OpenAI does not get them)."""
+        p = self.params
+        return {
+            "use_lora": p.use_lora,
+            "lora_rank": p.lora_rank,
+            "lora_alpha": self.lora_alpha,
+            "lora_dropout": p.lora_dropout,
+            "stack_lora_adapters": p.stack_lora_adapters,
+            "quantization": p.quantization,
+            "learning_rate": self.rl_learning_rate,
+        }
+
+    async def find_job(self, key: str) -> str | None:
+        """The id of an existing job created with this idempotency key, if any."""
+        if self.client is None:
+            return None
+        page = await with_backoff(
+            lambda: self.client.fine_tuning.jobs.list(limit=100, metadata={"nip_job_key": key})
+        )
+        for job in page.data:
+            if (job.metadata or {}).get("nip_job_key") == key:
+                return job.id
+        return None
+
+    async def create_fine_tune_job(
+        self,
+        method: Literal["supervised", "dpo"],
+        jsonl: bytes,
+        rows: int,
+        *,
+        key: str,
+        suffix: str,
+    ) -> str:
+        """Submit (or re-attach to) this iteration's job; returns and records its id."""
+        local = self._local_job(rows)
+        if local is not None:
+            self.state.fine_tune_job_id = local
+            return local
+        existing = await self.find_job(key)
+        if existing is not None:
+            log.info("group %s: re-attaching to existing job %s (%s)", self.name, existing, key)
+            self.state.fine_tune_job_id = existing
+            return existing
+        upload = await with_backoff(
+            lambda: self.client.files.create(
+                file=(f"{suffix}.jsonl", io.BytesIO(jsonl)), purpose="fine-tune"
+            )
+        )
+        base = self.base_model_name if self.params.fine_tune_from_scratch else self.model_name
+        request: dict[str, Any] = {
+            "model": base,
+            "training_file": upload.id,
+            "method": {"type": method, method: {"hyperparameters": self._hyperparameters(method)}},
+            "suffix": suffix,
+            "metadata": {"nip_job_key": key, "nip_group": self.name},
+        }
+        if self.params.model_provider == "SelfHosted":
+            request["extra_body"] = {"nip_training": self._training_extension()}
+        job = await with_backoff(lambda: self.client.fine_tuning.jobs.create(**request))
+        self.state.fine_tune_job_id = job.id
+        return job.id
+
+    async def _job(self):
+        return await with_backoff(
+            lambda: self.client.fine_tuning.jobs.retrieve(self.state.fine_tune_job_id)
+        )
+
+    async def get_fine_tune_job_status(self) -> JobStatus:
+        job_id = self.state.fine_tune_job_id
+        if job_id is None:
+            raise FineTuneJobError(f"group {self.name} has no fine-tune job")
+        if job_id in _LOCAL_JOB_IDS:
+            return "succeeded"
+        import openai
+
+        try:
+            job = await self._job()
+        except openai.NotFoundError:
+            return "not_found"
+        if job.status not in _STATUS_MAP:
+            raise FineTuneJobError(f"job {job_id}: unknown status {job.status!r}")
+        return _STATUS_MAP[job.status]  # type: ignore[return-value]
+
+    async def fine_tune_job_failed(self) -> bool:
+        return await self.get_fine_tune_job_status() in ("failed", "cancelled", "not_found")
+
+    async def get_fine_tune_job_error_repr(self) -> str:
+        if self.state.fine_tune_job_id in _LOCAL_JOB_IDS:
+            return "no error"
+        job = await self._job()
+        error = job.error
+        if error is None:
+            return f"job {job.id} has status {job.status} and no error message"
+        text = f"Code: {error.code}. Message: {error.message}."
+        return text + (f" Parameter: {error.param}." if error.param else "")
+
+    async def switch_to_next_model(self, iteration: int) -> str:
+        """Adopt the fine-tuned model (or keep the current one when nothing was trained)."""
+        job_id = self.state.fine_tune_job_id
+        if job_id is None:
+            raise FineTuneJobError(f"group {self.name}: no fine-tune job to switch from")
+        if job_id == FROZEN_JOB_ID:
+            self.state.fine_tuned_model_name = None
+        elif job_id == DUMMY_JOB_ID:
+            self.state.fine_tuned_model_name = f"dummy-ft:{self.name}:it{iteration}"
+        elif job_id != INSUFFICIENT_DATA_JOB_ID:
+            job = await self._job()
+            if job.status != "succeeded" or not job.fine_tuned_model:
+                raise FineTuneJobError(
+                    f"group {self.name}: job {job_id} is {job.status}, cannot switch model"
+                )
+            self.state.fine_tuned_model_name = job.fine_tuned_model
+        return self.model_name
+
+
+def build_groups(
+    groups: Mapping[str, Sequence[str]],
+    agent_params: Mapping[str, Any],
+    *,
+    rl_num_epochs: int,
+    rl_learning_rate: float,
+    clients: Mapping[str, Any],
+) -> dict[str, SharedModelGroup]:
+    """One SharedModelGroup per group name; `clients` maps group -> openai.AsyncOpenAI."""
+    return {
+        name: SharedModelGroup(
+            name,
+            {a: agent_params[a] for a in agents},
+            rl_num_epochs=rl_num_epochs,
+            rl_learning_rate=rl_learning_rate,
+            client=clients.get(name),
+        )
+        for name, agents in groups.items()
+    }
+
+
+def fine_tuning_client(agent_params: Any) -> Any:
+    """An `openai.AsyncOpenAI` for the group's fine-tuning API (None for the dummy API)."""
+    if agent_params.use_dummy_api:
+        return None
+    import os
+
+    import openai
+
+    from nip_core.agents.clients import api_endpoint
+
+    base_url, key_env = api_endpoint(agent_params)
+    key = os.environ.get(key_env or "", "")
+    if not key and agent_params.model_provider != "SelfHosted":
+        raise RuntimeError(
+            f"set {key_env} in the environment to fine-tune with {base_url or 'OpenAI'}"
+        )
+    return openai.AsyncOpenAI(base_url=base_url, api_key=key or "EMPTY", max_retries=0)

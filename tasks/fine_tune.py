@@ -1,0 +1,150 @@
+"""Stages: fine-tune every trainable group on its dataset, then switch agents to the new models.
+
+Job ids are written to `fine_tune/<group>.json` right after submission and before polling, and
+jobs carry an idempotency key (run/iteration/group) in their metadata: a flow killed at any
+moment re-attaches to its job on rerun and never submits a second one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from prefect import task
+
+from nip_core.artifacts import (
+    RunPaths,
+    load_manifest,
+    read_bytes,
+    read_json,
+    save_manifest,
+    sha256_bytes,
+    write_json,
+)
+from nip_core.iteration_context import IterationContext
+from nip_core.model_groups import (
+    FineTuneJobError,
+    SharedModelGroup,
+    build_groups,
+    fine_tuning_client,
+    job_key,
+    job_suffix,
+)
+from tasks.common import run_stage
+
+log = logging.getLogger(__name__)
+POLL_START, POLL_MAX = 1.0, 30.0
+
+
+def groups_for(context: IterationContext) -> dict[str, SharedModelGroup]:
+    hp = context.hyper_params
+    clients = {g: fine_tuning_client(context.agent_params[a[0]]) for g, a in context.groups.items()}
+    groups = build_groups(
+        context.groups,
+        context.agent_params,
+        rl_num_epochs=hp.rl.num_epochs,
+        rl_learning_rate=hp.rl.learning_rate,
+        clients=clients,
+    )
+    for name, group in groups.items():
+        if context.group_models.get(name) != group.base_model_name:
+            group.state.fine_tuned_model_name = context.group_models.get(name)
+    return groups
+
+
+async def _submit_and_wait(paths: RunPaths, context: IterationContext, datasets: dict) -> dict:
+    it = context.iteration
+    groups = groups_for(context)
+
+    async def one(name: str) -> dict:
+        group = groups[name]
+        record = paths.iteration_file(it, f"fine_tune/{name}.json")
+        if paths.fs.exists(record):
+            group.set_state(read_json(paths.fs, record)["state"])
+        else:
+            dataset = datasets.get(name, {"kind": "dpo", "rows": 0, "jsonl": None})
+            jsonl = (
+                read_bytes(paths.fs, paths.iteration_file(it, dataset["jsonl"]))
+                if dataset["jsonl"]
+                else b""
+            )
+            method = "supervised" if dataset["kind"] == "sft" else "dpo"
+            await group.create_fine_tune_job(
+                method,
+                jsonl,
+                dataset["rows"],
+                key=job_key(context.run_name, it, name),
+                suffix=job_suffix(context.run_name, it, name),
+            )
+            write_json(paths.fs, record, {"group": name, "state": group.get_state()})
+        delay = POLL_START
+        while (status := await group.get_fine_tune_job_status()) in ("pending", "running"):
+            await asyncio.sleep(delay)
+            delay = min(POLL_MAX, delay * 1.5)
+        if status != "succeeded":
+            error = await group.get_fine_tune_job_error_repr() if status == "failed" else status
+            raise FineTuneJobError(
+                f"group {name}: job {group.state.fine_tune_job_id} {status}: {error}"
+            )
+        return {
+            "job_id": group.state.fine_tune_job_id,
+            "status": status,
+            "skip_reason": group.state.skip_reason,
+        }
+
+    names = list(context.trainable_groups)
+    results = await asyncio.gather(*(one(n) for n in names))
+    return dict(zip(names, results, strict=True))
+
+
+def fine_tune(paths: RunPaths, context: IterationContext) -> dict:
+    def compute():
+        manifest = load_manifest(
+            paths, context.iteration, context.run_name, context.hyper_params.config_hash()
+        )
+        datasets = manifest["stages"]["export"]["info"]
+        info = asyncio.run(_submit_and_wait(paths, context, datasets))
+        files = {
+            f"fine_tune/{g}.json": sha256_bytes(
+                read_bytes(paths.fs, paths.iteration_file(context.iteration, f"fine_tune/{g}.json"))
+            )
+            for g in info
+        }
+        return files, info
+
+    return run_stage(paths, context, "fine_tune", compute)
+
+
+def switch_models(paths: RunPaths, context: IterationContext) -> dict[str, str]:
+    """The model name each group uses from the next iteration on (kept in the manifest)."""
+    it = context.iteration
+
+    def compute():
+        groups = groups_for(context)
+        models = dict(context.group_models)
+
+        async def switch():
+            for name in context.trainable_groups:
+                record = read_json(paths.fs, paths.iteration_file(it, f"fine_tune/{name}.json"))
+                groups[name].set_state(record["state"])
+                models[name] = await groups[name].switch_to_next_model(it)
+
+        asyncio.run(switch())
+        return {}, {"models_after": models}
+
+    models = run_stage(paths, context, "switch_model", compute)["info"]["models_after"]
+    manifest = load_manifest(paths, it, context.run_name, context.hyper_params.config_hash())
+    if manifest.get("models_after") != models:
+        manifest["models_after"] = models
+        save_manifest(paths, it, manifest)
+    return models
+
+
+@task(name="fine-tune", retries=2, retry_delay_seconds=[10, 60])
+def fine_tune_task(paths: RunPaths, context: IterationContext) -> dict:
+    return fine_tune(paths, context)["info"]
+
+
+@task(name="switch-model", retries=2, retry_delay_seconds=[5, 30])
+def switch_model_task(paths: RunPaths, context: IterationContext) -> dict[str, str]:
+    return switch_models(paths, context)
