@@ -151,6 +151,7 @@ class AgentsParameters(dict, ParameterValue):
 
     Lookup (`[]`, `in`, `get`) falls back to `"_default"`; iteration shows only what is
     stored. Agent names must not be substrings of each other (protocols match on names).
+    Like the parameter dataclasses it is immutable: use `with_agent`/`replace_agent`.
     """
 
     SKIPPED_KEYS: ClassVar[tuple[str, ...]] = (TYPE_KEY, "agents_update_repr")
@@ -173,6 +174,16 @@ class AgentsParameters(dict, ParameterValue):
 
     def __repr__(self) -> str:
         return f"AgentsParameters({dict.__repr__(self)})"
+
+    def _immutable(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("AgentsParameters is immutable: use with_agent or replace_agent")
+
+    __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = _immutable
+    __ior__ = _immutable
+
+    def __reduce__(self) -> tuple:
+        """Pickle and deepcopy through the constructor (item assignment is disabled)."""
+        return (type(self), (dict(self),))
 
     def to_dict(self) -> dict:
         """`{agent_name: agent.to_dict(), ...}`."""

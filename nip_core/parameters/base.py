@@ -116,6 +116,8 @@ class BaseParameters(ParameterValue):
         if not isinstance(params_dict, dict):
             raise ValueError(f"{cls.__name__} needs a dict, got {type(params_dict).__name__}")
         target = resolve_class(params_dict, cls)
+        if target is not cls:  # let the named class apply its own from_dict rules
+            return target.from_dict(params_dict, ignore_extra_keys=ignore_extra_keys)
         hints = field_hints(target)
         skip = {TYPE_KEY, *target.EXTRA_DICT_KEYS}
         unknown = sorted(k for k in params_dict if k not in hints and k not in skip)
