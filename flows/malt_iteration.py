@@ -4,7 +4,8 @@
     python -m flows.malt_iteration --set interaction_protocol=debate --set rl.rollouts_per_iteration=8
     python -m flows.malt_iteration --config my.yaml --run-name exp1 --iteration 2
 
-Stages: select-batch -> generate-rollouts -> estimate-rewards -> select-pairs -> export-datasets.
+Stages: select-batch -> generate-rollouts -> estimate-rewards -> select-pairs -> export-datasets
+-> summarise -> fine-tune -> switch-model.
 Each writes its artifacts under <artifacts-root>/<run-name>/iterations/<NNNN>/ and records itself
 in manifest.json; rerunning skips finished stages, so a killed run resumes where it stopped.
 """
@@ -22,6 +23,8 @@ from nip_core.iteration_context import IterationContext, build_context
 from nip_core.parameters import HyperParameters, load_hyper_params
 from tasks.batch import select_batch_task
 from tasks.export import export_datasets_task
+from tasks.fine_tune import fine_tune_task, switch_model_task
+from tasks.lm_server import ensure_lm_server
 from tasks.pairs import select_pairs_task
 from tasks.rewards import estimate_rewards_task
 from tasks.rollouts import generate_rollouts_task
@@ -82,13 +85,21 @@ def malt_iteration(
 
 
 def run_iteration_stages(paths: RunPaths, context: IterationContext) -> dict:
-    select_batch_task(paths, context)
-    generate_rollouts_task(paths, context)
-    estimate_rewards_task(paths, context)
-    if not context.is_ei_iteration:
-        select_pairs_task(paths, context)
-    export_datasets_task(paths, context)
-    return summarise_iteration_task(paths, context)
+    server = ensure_lm_server(paths, context)
+    try:
+        select_batch_task(paths, context)
+        generate_rollouts_task(paths, context)
+        estimate_rewards_task(paths, context)
+        if not context.is_ei_iteration:
+            select_pairs_task(paths, context)
+        export_datasets_task(paths, context)
+        stats = summarise_iteration_task(paths, context)
+        fine_tune_task(paths, context)
+        stats["models_after"] = switch_model_task(paths, context)
+        return stats
+    finally:
+        if server is not None:
+            server.stop()
 
 
 def format_summary(paths: RunPaths, context: IterationContext, stats: dict) -> str:
@@ -107,6 +118,8 @@ def format_summary(paths: RunPaths, context: IterationContext, stats: dict) -> s
         )
     accuracy = verifier["accuracy"]
     lines.append(f"  verifier accuracy: {'n/a' if accuracy is None else f'{accuracy:.3f}'}")
+    for group, model in stats.get("models_after", {}).items():
+        lines.append(f"  group {group} -> model {model}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,75 @@
+"""A whole MALT run: `rl.num_iterations` iterations, each resuming from its own manifest.
+
+    python -m flows.malt_run                              # embedded default configuration
+    python -m flows.malt_run --set rl.num_iterations=3 --run-name exp1
+
+Every iteration uses the models the previous one switched to (stored in its manifest), so a
+killed run restarted with the same arguments continues where it stopped. The self-hosted server,
+when the configuration needs one and nothing answers on its port, is started once for the run.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from prefect import flow
+
+from flows.malt_iteration import (
+    ConfigError,
+    parse_args,
+    prepare_run,
+    previous_group_models,
+    resolve_hyper_params,
+    run_iteration_stages,
+)
+from nip_core.artifacts import ArtifactError, RunPaths, default_root
+from nip_core.iteration_context import build_context
+from tasks.lm_server import ensure_lm_server
+
+
+@flow(name="malt-run", log_prints=True)
+def malt_run(
+    overrides: list[str] | None = None,
+    config: str | None = None,
+    run_name: str = "default",
+    artifacts_root: str | None = None,
+) -> list[dict]:
+    """Run (or resume) every iteration of a run; returns each iteration's statistics."""
+    hp = resolve_hyper_params(config, overrides)
+    paths = prepare_run(hp, artifacts_root or default_root(), run_name)
+    server = ensure_lm_server(paths, build_context(hp, run_name, 0))
+    try:
+        results = []
+        for iteration in range(hp.rl.num_iterations):
+            context = build_context(
+                hp, run_name, iteration, previous_group_models(paths, iteration)
+            )
+            stats = run_iteration_stages(paths, context)
+            print(f"iteration {iteration}: verifier accuracy {stats['verifier']['accuracy']}")
+            results.append(stats)
+        return results
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        resolve_hyper_params(args.config, args.overrides)
+        root = args.artifacts_root or default_root()
+        RunPaths.open(root, args.run_name)
+    except (ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        malt_run(args.overrides, args.config, args.run_name, root)
+    except (ConfigError, ArtifactError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"artifacts: {RunPaths.open(root, args.run_name).run_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

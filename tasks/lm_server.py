@@ -1,0 +1,100 @@
+"""Start the self-hosted language-model server when a run needs it and nothing answers.
+
+The server is started in its own session (it outlives a killed flow, so a rerun re-attaches to
+it and to its fine-tune jobs) with its state under the run folder. A flow stops only a server it
+started itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+
+from nip_core.artifacts import RunPaths
+from nip_core.iteration_context import IterationContext
+
+log = logging.getLogger(__name__)
+ENGINE_ENV = "NIP_LM_SERVER_ENGINE"  # transformers (default) | vllm | dummy
+
+
+@dataclass
+class ServerHandle:
+    url: str
+    process: subprocess.Popen | None  # None: it was already running
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+def self_hosted_endpoint(context: IterationContext) -> tuple[str, str, int] | None:
+    """(scheme://host, host, port) of the server the run needs, or None."""
+    for params in context.agent_params.values():
+        if params.model_provider == "SelfHosted" and not params.use_dummy_api:
+            scheme_host = params.language_model_server_scheme_host.rstrip("/")
+            return (
+                scheme_host,
+                urlparse(scheme_host).hostname or "127.0.0.1",
+                params.language_model_server_port,
+            )
+    return None
+
+
+def is_up(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def ensure_lm_server(
+    paths: RunPaths, context: IterationContext, timeout: float = 600.0
+) -> ServerHandle | None:
+    endpoint = self_hosted_endpoint(context)
+    if endpoint is None:
+        return None
+    scheme_host, host, port = endpoint
+    url = f"{scheme_host}:{port}"
+    if is_up(url):
+        return ServerHandle(url, None)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        raise RuntimeError(f"the language-model server at {url} does not answer; start it there")
+    state_dir = Path(paths.run_dir) / "lm_server" if paths.is_local else None
+    command = [
+        sys.executable, "-m", "nip_core.lm_server",
+        "--engine", os.environ.get(ENGINE_ENV, "transformers"),
+        "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+    if state_dir is not None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        command += ["--state-dir", str(state_dir)]
+    log_path = (state_dir or Path(".")) / "server.log"
+    log.warning("starting the language-model server on %s (log: %s)", url, log_path)
+    with open(log_path, "ab") as log_file:
+        process = subprocess.Popen(
+            command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    deadline = time.monotonic() + timeout
+    while not is_up(url):
+        if process.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(
+                f"the language-model server exited with {process.returncode}:\n{tail}"
+            )
+        if time.monotonic() > deadline:
+            process.kill()
+            raise TimeoutError(f"the language-model server did not start within {timeout} s")
+        time.sleep(0.5)
+    return ServerHandle(url, process)
