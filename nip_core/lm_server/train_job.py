@@ -44,7 +44,8 @@ def _event_callback(job_dir: Path):
     return Events()
 
 
-def _train(job_dir: Path, config: dict, options: TrainingOptions, rows: list[dict]) -> str:
+def _train(job_dir: Path, config: dict, options: TrainingOptions, rows: list[dict]):
+    """Train for real; returns (result kind, trained tokens or None)."""
     from nip_core.lm_server import training
 
     parent = config.get("parent_adapter")
@@ -67,7 +68,9 @@ def _train(job_dir: Path, config: dict, options: TrainingOptions, rows: list[dic
         callbacks=[_event_callback(job_dir)],
     )
     trainer.train()
-    return training.save_result(trainer, tokenizer, output, strategy, parent)
+    tokens = [e["num_tokens"] for e in trainer.state.log_history if "num_tokens" in e]
+    kind = training.save_result(trainer, tokenizer, output, strategy, parent)
+    return kind, int(tokens[-1]) if tokens else None
 
 
 def run(job_dir: Path) -> int:
@@ -86,9 +89,9 @@ def run(job_dir: Path) -> int:
         append_event(job_dir, f"Training file validated: {len(rows)} examples")
         output = Path(config["output_dir"])
         if config.get("fake"):
-            kind = _fake_train(output, float(config.get("fake_seconds", 0)))
+            kind, tokens = _fake_train(output, float(config.get("fake_seconds", 0))), None
         else:
-            kind = _train(job_dir, config, options, rows)
+            kind, tokens = _train(job_dir, config, options, rows)
     except DatasetError as exc:
         return _fail(
             job_dir, "invalid_training_file", f"invalid training file: {exc}", "training_file"
@@ -98,7 +101,7 @@ def run(job_dir: Path) -> int:
     except Exception as exc:
         traceback.print_exc()
         return _fail(job_dir, "training_failed", f"{type(exc).__name__}: {exc}")
-    _status(job_dir, "succeeded", kind=kind)
+    _status(job_dir, "succeeded", kind=kind, trained_tokens=tokens)
     return 0
 
 

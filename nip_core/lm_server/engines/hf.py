@@ -1,0 +1,263 @@
+"""The transformers engine: serves a causal LM and its PEFT adapters on CPU or one CUDA GPU.
+
+Pending requests are collected into one `generate` call (left padding, n samples through
+`num_return_sequences`), grouped by model/adapter and sampling settings because one call takes one
+set of them. All model work runs on a single worker thread, so the event loop stays responsive and
+adapter swaps never race a generation. Seeded sampling requests run alone, so their answers depend
+only on the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from nip_core.lm_server.engines.base import AdapterError, ChatChoice, ChatRequest
+
+_Pending = tuple[ChatRequest, asyncio.Future]
+
+
+class TransformersEngine:
+    """A Hugging Face model with named LoRA adapters (and full fine-tuned checkpoints)."""
+
+    name = "transformers"
+
+    def __init__(
+        self, model: str, *, max_batch: int = 32, default_max_tokens: int = 512, **_: Any
+    ) -> None:
+        self.model_name = model
+        self.max_batch = max_batch
+        self.default_max_tokens = default_max_tokens
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
+        self._queue: asyncio.Queue[_Pending] | None = None
+        self._worker: asyncio.Task | None = None
+        self._adapters: dict[str, str] = {}  # LoRA adapters inside the PeftModel
+        self._full: dict[str, Any] = {}  # full fine-tuned checkpoints, served as their own model
+        self.base = self.model = self.tokenizer = None
+        self.device = "cpu"
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self._run(self._load)
+        self._queue = asyncio.Queue()
+        self._worker = asyncio.create_task(self._serve())
+
+    async def stop(self) -> None:
+        if self._worker:
+            self._worker.cancel()
+            await asyncio.gather(self._worker, return_exceptions=True)
+        self._executor.shutdown(wait=True)
+
+    def _load(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = torch.float32
+        if self.device == "cuda":
+            dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_name)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        base = AutoModelForCausalLM.from_pretrained(self.model_name, dtype=dtype)
+        self.base = self.model = base.to(self.device).eval()
+
+    async def _run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def release_accelerator(self) -> None:
+        if self.device == "cuda":
+            await self._run(self._move, "cpu")
+
+    async def reacquire_accelerator(self) -> None:
+        if self.device == "cuda":
+            await self._run(self._move, "cuda")
+
+    def _move(self, device: str) -> None:
+        import torch
+
+        for model in (self.model, *self._full.values()):
+            model.to(device)
+        if device == "cpu":
+            torch.cuda.empty_cache()
+
+    # ---- models and adapters -----------------------------------------------------------------
+
+    def models(self) -> list[str]:
+        return [self.model_name, *self._adapters, *self._full]
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        if name in self.models():
+            raise AdapterError(f"a model named {name!r} is already loaded")
+        directory = Path(path)
+        if not directory.is_dir():
+            raise AdapterError(f"adapter path {path!r} does not exist or is not a directory")
+        if (directory / "adapter_config.json").exists():
+            await self._run(self._load_lora, name, directory)
+        elif (directory / "config.json").exists():
+            await self._run(self._load_full, name, directory)
+        else:
+            raise AdapterError(f"{path!r} holds neither adapter_config.json nor config.json")
+
+    def _load_lora(self, name: str, directory: Path) -> None:
+        from peft import PeftModel
+
+        config = json.loads((directory / "adapter_config.json").read_text())
+        if "r" not in config:
+            raise AdapterError(f"{directory} has no usable LoRA adapter config")
+        try:
+            if not self._adapters:
+                model = PeftModel.from_pretrained(self.base, str(directory), adapter_name=name)
+                self.model = model.eval()
+            else:
+                self.model.load_adapter(str(directory), adapter_name=name)
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            raise AdapterError(f"could not load adapter from {directory}: {exc}") from exc
+        self._adapters[name] = str(directory)
+
+    def _load_full(self, name: str, directory: Path) -> None:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=self.base.dtype)
+        self._full[name] = model.to(self.device).eval()
+
+    async def unload_adapter(self, name: str) -> None:
+        if name not in self._adapters and name not in self._full:
+            raise AdapterError(f"no adapter named {name!r} is loaded")
+        await self._run(self._unload, name)
+
+    def _unload(self, name: str) -> None:
+        if self._full.pop(name, None) is not None:
+            return
+        del self._adapters[name]
+        if self._adapters:
+            self.model.delete_adapter(name)
+        else:  # the last adapter: strip the LoRA layers and serve the plain base model again
+            self.base = self.model = self.model.unload().eval()
+
+    # ---- generation --------------------------------------------------------------------------
+
+    async def chat(self, request: ChatRequest) -> list[ChatChoice]:
+        if request.model not in self.models():
+            raise AdapterError(f"model {request.model!r} is not loaded")
+        future = asyncio.get_running_loop().create_future()
+        await self._queue.put((request, future))
+        return await future
+
+    async def _serve(self) -> None:
+        """Take everything pending, run it in compatible groups, answer each caller."""
+        while True:
+            batch = [await self._queue.get()]
+            while not self._queue.empty() and len(batch) < self.max_batch:
+                batch.append(self._queue.get_nowait())
+            for group in _groups(batch):
+                try:
+                    results = await self._run(self._generate, [r for r, _ in group])
+                except Exception as exc:  # answer every caller, keep serving
+                    for _, future in group:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (_, future), choices in zip(group, results, strict=True):
+                    if not future.done():
+                        future.set_result(choices)
+
+    def _generate(self, requests: list[ChatRequest]) -> list[list[ChatChoice]]:
+        import torch
+
+        first = requests[0]
+        model = self._select(first.model)
+        texts = [
+            self.tokenizer.apply_chat_template(
+                r.messages, add_generation_prompt=True, tokenize=False
+            )
+            for r in requests
+        ]
+        inputs = self.tokenizer(
+            texts, return_tensors="pt", padding=True, add_special_tokens=False
+        ).to(self.device)
+        greedy = first.temperature == 0
+        samples = 1 if greedy else first.n
+        kwargs = _sampling_kwargs(first, greedy, samples, self.default_max_tokens)
+        if first.seed is not None:
+            torch.manual_seed(first.seed)
+        with torch.inference_mode(), self._adapter_scope(model, first.model):
+            output = model.generate(**inputs, pad_token_id=self.tokenizer.pad_token_id, **kwargs)
+        new_tokens = output[:, inputs["input_ids"].shape[1] :]
+        choices = [self._choice(row) for row in new_tokens]
+        per_request = [choices[i * samples : (i + 1) * samples] for i in range(len(requests))]
+        return [
+            answers * (r.n if greedy else 1)
+            for answers, r in zip(per_request, requests, strict=True)
+        ]
+
+    def _select(self, name: str):
+        return self._full.get(name, self.model)
+
+    def _adapter_scope(self, model, name: str):
+        """Activate adapter `name`, or disable adapters for the base model."""
+        from contextlib import nullcontext
+
+        if name in self._adapters:
+            model.set_adapter(name)
+            return nullcontext()
+        if model is self.model and self._adapters:
+            return model.disable_adapter()
+        return nullcontext()
+
+    def _choice(self, tokens) -> ChatChoice:
+        ids = tokens.tolist()
+        stops = _stop_ids(self.tokenizer)
+        end = next((i for i, t in enumerate(ids) if t in stops), None)
+        if end is None:
+            return ChatChoice(self.tokenizer.decode(ids, skip_special_tokens=True), "length")
+        return ChatChoice(self.tokenizer.decode(ids[:end], skip_special_tokens=True), "stop")
+
+
+def _stop_ids(tokenizer) -> set[int]:
+    ids = {tokenizer.eos_token_id}
+    return {i for i in ids if i is not None}
+
+
+def _sampling_kwargs(request: ChatRequest, greedy: bool, samples: int, default_max: int) -> dict:
+    """`generate` arguments; OpenAI semantics: temperature None means 1, 0 means greedy."""
+    kwargs: dict[str, Any] = {
+        "max_new_tokens": request.max_tokens or default_max,
+        "num_return_sequences": samples,
+        "do_sample": not greedy,
+    }
+    if greedy:
+        kwargs.update(temperature=None, top_p=None, top_k=None)
+    else:
+        kwargs.update(temperature=request.temperature or 1.0, top_p=request.top_p or 1.0, top_k=0)
+    if request.repetition_penalty is not None:
+        kwargs["repetition_penalty"] = request.repetition_penalty
+    return kwargs
+
+
+def _groups(batch: list[_Pending]) -> list[list[_Pending]]:
+    """Split a batch into groups that can share one `generate` call."""
+    groups: dict[tuple, list[_Pending]] = defaultdict(list)
+    for index, (request, future) in enumerate(batch):
+        seeded = request.seed is not None and request.temperature != 0
+        key = (
+            request.model,
+            request.n,
+            request.temperature,
+            request.top_p,
+            request.max_tokens,
+            request.repetition_penalty,
+            request.seed,
+            index if seeded else -1,
+        )
+        groups[key].append((request, future))
+    return list(groups.values())
