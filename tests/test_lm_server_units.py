@@ -1,0 +1,120 @@
+"""Unit tests of the server's pure parts: dataset validation, option parsing, adapter stacking."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nip_core.lm_server.datasets import DatasetError, parse_dataset
+from nip_core.lm_server.options import OptionsError, TrainingOptions, parse_options
+
+MSG = {"role": "user", "content": "q"}
+ANSWER = {"role": "assistant", "content": "a"}
+
+
+def test_dpo_line_becomes_trl_preference_row():
+    line = {"input": {"messages": [MSG]}, "preferred_output": [ANSWER],
+            "non_preferred_output": [{"role": "assistant", "content": "b", "extra": 1}]}  # fmt: skip
+    (row,) = parse_dataset(json.dumps(line), "dpo")
+    assert row == {
+        "prompt": [MSG],
+        "chosen": [ANSWER],
+        "rejected": [{"role": "assistant", "content": "b"}],
+    }
+
+
+def test_supervised_keeps_role_and_content_only():
+    line = {"messages": [dict(MSG, name="prover"), ANSWER]}
+    assert parse_dataset(json.dumps(line) + "\n\n", "supervised") == [{"messages": [MSG, ANSWER]}]
+
+
+@pytest.mark.parametrize(
+    ("text", "method", "needle"),
+    [
+        ("{not json", "supervised", "line 1: not valid JSON"),
+        ("[1]", "supervised", "expected a JSON object"),
+        ('{"messages": [{"role": "robot", "content": "x"}]}', "supervised", "role 'robot'"),
+        ('{"messages": [{"role": "user", "content": 3}]}', "supervised", "string 'content'"),
+        ("", "dpo", "no examples"),
+        (
+            '{"input": {"messages": [{"role": "user", "content": "q"}]}, "preferred_output": '
+            '[{"role": "user", "content": "a"}], "non_preferred_output": []}',
+            "dpo",
+            "preferred_output",
+        ),  # fmt: skip
+    ],
+)
+def test_malformed_lines_name_the_problem(text, method, needle):
+    with pytest.raises(DatasetError, match=needle):
+        parse_dataset(text, method)
+
+
+def test_error_names_the_failing_line_number():
+    good = json.dumps({"messages": [MSG, ANSWER]})
+    with pytest.raises(DatasetError, match="^line 3: "):
+        parse_dataset("\n".join([good, good, '{"messages": []}']), "supervised")
+
+
+def test_options_merge_openai_hyperparameters_and_nip_extension():
+    method = {"type": "dpo", "dpo": {"hyperparameters": {"beta": 0.5, "n_epochs": 3,
+              "batch_size": "auto", "learning_rate_multiplier": 2}}}  # fmt: skip
+    opts = parse_options(method, {"lora_rank": 16, "stack_lora_adapters": True}, seed=9)
+    assert (opts.beta, opts.n_epochs, opts.batch_size) == (0.5, 3, 2)
+    assert opts.learning_rate == pytest.approx(2e-5) and opts.lora_alpha == 16.0
+    assert opts.stack_lora_adapters and opts.seed == 9
+    assert TrainingOptions.from_dict(opts.to_dict()) == opts
+
+
+def test_explicit_learning_rate_and_alpha_win():
+    opts = parse_options(None, {"learning_rate": 0.1, "lora_alpha": 3, "lora_rank": 2})
+    assert (opts.method, opts.learning_rate, opts.lora_alpha) == ("supervised", 0.1, 3.0)
+
+
+@given(st.one_of(st.integers(max_value=0), st.text(), st.booleans(), st.floats(0.1, 0.9)))
+def test_invalid_lora_rank_is_rejected_with_its_name(rank):
+    with pytest.raises(OptionsError, match="lora_rank") as info:
+        parse_options(None, {"lora_rank": rank})
+    assert info.value.param == "lora_rank"
+
+
+def test_stacked_adapter_equals_the_sum_of_both(tmp_path):
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    from nip_core.lm_server.stacking import stack_adapters
+
+    torch.manual_seed(0)
+    key = "base_model.model.layers.0.q_proj"
+    adapters = []
+    for name, rank, alpha, extra in (("one", 2, 4, False), ("two", 3, 3, True)):
+        weights = {f"{key}.lora_A.weight": torch.randn(rank, 5),
+                   f"{key}.lora_B.weight": torch.randn(7, rank)}  # fmt: skip
+        if extra:
+            weights |= {f"{key[:-6]}v_proj.lora_A.weight": torch.randn(rank, 5),
+                        f"{key[:-6]}v_proj.lora_B.weight": torch.randn(4, rank)}  # fmt: skip
+        (tmp_path / name).mkdir()
+        save_file(weights, str(tmp_path / name / "adapter_model.safetensors"))
+        (tmp_path / name / "adapter_config.json").write_text(
+            json.dumps({"r": rank, "lora_alpha": alpha})
+        )
+        adapters.append((weights, alpha / rank))
+    stack_adapters(tmp_path / "one", tmp_path / "two", tmp_path / "out")
+    from safetensors.torch import load_file
+
+    out = load_file(str(tmp_path / "out" / "adapter_model.safetensors"))
+    config = json.loads((tmp_path / "out" / "adapter_config.json").read_text())
+    assert config["r"] == config["lora_alpha"] == 5
+    assert config["target_modules"] == ["q_proj", "v_proj"]
+
+    def delta(weights, module):
+        return weights[f"{module}.lora_B.weight"] @ weights[f"{module}.lora_A.weight"]
+
+    expected = sum(delta(w, key) * s for w, s in adapters)
+    assert torch.allclose(delta(out, key), expected, atol=1e-5)
+    v_key = key[:-6] + "v_proj"
+    assert torch.allclose(
+        delta(out, v_key), delta(adapters[1][0], v_key) * adapters[1][1], atol=1e-5
+    )
