@@ -2,7 +2,7 @@
 
 For every problem the full canonical function (prompt + canonical body) is run against the
 problem's own tests in the sandbox and kept (y=1) only if it passes. Its program mutants
-(`mutations.enumerate_mutants`, restricted to the body) are put in an order drawn from a
+(`mutants.enumerate_mutants`, restricted to the body) are put in an order drawn from a
 per-problem seeded RNG (operators shuffled, then each operator's mutants) and executed in that
 order; the first one that FAILS the tests becomes the buggy solution (y=0). Taking the first
 failure of a random order is a seeded random choice among the failing mutants without running
@@ -31,7 +31,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from nip_core.data.mutations import OPERATORS, Mutant, enumerate_mutants
+from nip_core.data.mutants import enumerate_mutants
+from nip_core.data.mutations import OPERATORS, Mutant
 from nip_core.data.sandbox import run_candidate
 from nip_core.data.stable import prover_stance, stable_fraction, stable_seed
 
