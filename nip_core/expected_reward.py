@@ -13,7 +13,7 @@ a node estimates the reward an agent can expect after that response. Two estimat
   branches that continue dominate those that ended, and a step reward on an inner node is added
   once rather than to every leaf.
 
-Everything is vectorised: one `np.bincount` per tree level, deepest level first.
+Everything is vectorised: per tree level (deepest first) the children are grouped by parent and\nsummed one family size at a time (see `tree_arrays.sibling_buckets`); no per-node Python loop.
 
 Example:
     >>> import numpy as np
@@ -36,11 +36,9 @@ from nip_core.tree_arrays import (
     as_node_matrix,
     as_parent_array,
     check_depth,
+    column_sum,
     level_nodes,
-    level_size,
-    level_slots,
-    parent_slots,
-    sum_into_parents,
+    sibling_buckets,
 )
 from nip_core.tree_arrays import children_counts as _children_counts
 
@@ -71,7 +69,8 @@ def expected_rewards(
             divided by the number of leaves below); see the module docstring for why they differ.
 
     Returns:
-        float64[N, A] values; the inputs are not modified.
+        float64[N, A] values (a transposed view of an agent-major array, so each agent's column
+        is contiguous); the inputs are not modified.
     """
     if method not in VALUE_METHODS:
         raise ValueError(
@@ -87,28 +86,28 @@ def expected_rewards(
 
 def _monte_carlo(parent: np.ndarray, depth: np.ndarray, reward: np.ndarray) -> np.ndarray:
     """value = step reward + mean of children's values, filled from the deepest level up."""
-    value = reward.copy()
-    counts = np.maximum(_children_counts(parent, parent.size), 1).astype(np.float64)
+    value = np.array(
+        reward.T, order="C"
+    )  # a copy, agent-major [A, N]: each agent's row is contiguous
     levels = level_nodes(depth)
-    slots = level_slots(levels, parent.size)
     for d in range(len(levels) - 1, 0, -1):
-        child, up = levels[d], levels[d - 1]
-        slot = parent_slots(parent, child, up, slots)
-        sums = sum_into_parents(value[child], slot, level_size(up))
-        value[up] += sums / counts[up][:, None]
-    return value
+        nodes, buckets = sibling_buckets(parent, levels[d])
+        child_value = value[:, nodes]
+        for bucket in buckets:
+            value[:, bucket.owner_index] += column_sum(bucket.rows(child_value)) / bucket.size
+    return value.T
 
 
 def _leaf_average(parent: np.ndarray, depth: np.ndarray, reward: np.ndarray) -> np.ndarray:
     """nip's estimator: subtree reward total over the number of leaves below."""
-    total = reward.copy()
+    total = np.array(reward.T, order="C")  # a copy, agent-major [A, N]
     leaves = (_children_counts(parent, parent.size) == 0).astype(np.float64)
     levels = level_nodes(depth)
-    slots = level_slots(levels, parent.size)
     for d in range(len(levels) - 1, 0, -1):
-        child, up = levels[d], levels[d - 1]
-        slot = parent_slots(parent, child, up, slots)
-        n_up = level_size(up)
-        total[up] += sum_into_parents(total[child], slot, n_up)
-        leaves[up] += np.bincount(slot, weights=leaves[child], minlength=n_up)
-    return total / leaves[:, None]
+        nodes, buckets = sibling_buckets(parent, levels[d])
+        child_total, child_leaves = total[:, nodes], leaves[nodes]
+        for bucket in buckets:
+            owner = bucket.owner_index
+            total[:, owner] += column_sum(bucket.rows(child_total))
+            leaves[owner] += column_sum(bucket.rows(child_leaves))
+    return (total / leaves).T

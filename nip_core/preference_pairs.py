@@ -36,15 +36,18 @@ from typing import Literal
 import numpy as np
 
 from nip_core.tree_arrays import (
+    Bucket,
     as_agent_vector,
     as_node_keys,
     as_node_matrix,
     as_parent_array,
+    column_argmax,
     mix64,
-    random_keys,
+    node_hashes,
+    non_roots,
+    random_draws,
     seed_base,
-    segment_starts,
-    tag_with_position,
+    sibling_buckets,
 )
 
 PairMethod = Literal["positive_negative", "interval"]
@@ -64,17 +67,6 @@ class Pairs:
 
     def __len__(self) -> int:
         return int(self.agent.size)
-
-
-@dataclass(frozen=True, eq=False)
-class _Candidates:
-    """(agent, child) entries in which the agent acted, grouped by (agent, parent)."""
-
-    agent: np.ndarray  # int64[E]
-    node: np.ndarray  # int64[E]
-    parent: np.ndarray  # int64[E]
-    value: np.ndarray  # float64[E], the agent's value of the child
-    starts: np.ndarray  # int64[G], first entry of each (agent, parent) group
 
 
 def is_positive(value: np.ndarray, threshold: np.ndarray) -> np.ndarray:
@@ -128,85 +120,101 @@ def select_pairs(
     thr = as_agent_vector(threshold, n_agents, "threshold")
     gap = _min_gaps(reward_min, reward_max, interval_threshold_proportion, n_agents)
     seed_base(seed)  # validate even when no draw is needed
-    cand = _candidates(parent, value, acted)
+    nodes, buckets = sibling_buckets(parent, non_roots(parent), min_size=2)
+    family = _Family(
+        nodes=nodes,
+        buckets=buckets,
+        value=_agent_rows(value, nodes),
+        acted=_agent_rows(acted, nodes),
+        key=keys[nodes],
+    )
     if method == "positive_negative":
-        return _positive_negative(cand, thr, keys, seed)
-    return _interval(cand, gap, keys, seed)
+        return _positive_negative(family, thr, seed)
+    return _interval(family, gap, seed)
 
 
-def _candidates(parent: np.ndarray, value: np.ndarray, acted: np.ndarray) -> _Candidates:
-    """Lay out (agent, child) entries agent-major, then by parent, then by child index."""
-    child = np.flatnonzero(parent >= 0)
-    child_parent = parent[child]
-    if np.any(child_parent[1:] < child_parent[:-1]):  # not BFS-like: group siblings once
-        order = np.argsort(child_parent, kind="stable")
-        child, child_parent = child[order], child_parent[order]
-    agent, pos = np.nonzero(acted[child].T)  # row-major over (agent, child): agent-major
-    node = child[pos]
-    par = child_parent[pos]
-    return _Candidates(
-        agent=agent.astype(np.int64, copy=False),
-        node=node,
-        parent=par,
-        value=value[node, agent],
-        starts=segment_starts(agent, par),
-    )
+@dataclass(frozen=True, eq=False)
+class _Family:
+    """Non-root nodes grouped by parent, with their per-agent data in the same order."""
+
+    nodes: slice | np.ndarray  # grouped order -> node index
+    buckets: list[Bucket]  # sibling groups of >= 2 members, by size
+    value: list[np.ndarray]  # per agent, float64[M]
+    acted: list[np.ndarray]  # per agent, bool[M]
+    key: np.ndarray  # uint64[M]
+
+    def node(self, position: np.ndarray) -> np.ndarray:
+        """Node index of positions in the grouped order."""
+        if isinstance(self.nodes, slice):
+            return position + self.nodes.start
+        return self.nodes[position]
 
 
-def _positive_negative(
-    cand: _Candidates, threshold: np.ndarray, node_key: np.ndarray, seed: int
-) -> Pairs:
+def _agent_rows(matrix: np.ndarray, nodes: slice | np.ndarray) -> list[np.ndarray]:
+    """Each agent's column of `matrix[nodes]` as a contiguous array (a view when it already is)."""
+    return [np.ascontiguousarray(matrix[nodes, agent]) for agent in range(matrix.shape[1])]
+
+
+def _positive_negative(family: _Family, threshold: np.ndarray, seed: int) -> Pairs:
     """One uniform positive and one uniform negative candidate per group that has both."""
-    if cand.node.size == 0:
-        return _empty_pairs()
-    tagged, low = tag_with_position(random_keys(seed, node_key[cand.node], cand.agent))
-    positive = cand.value >= threshold[cand.agent]
-    best_pos = np.maximum.reduceat(np.where(positive, tagged, 0), cand.starts)
-    best_neg = np.maximum.reduceat(np.where(positive, 0, tagged), cand.starts)
-    ok = (best_pos > 0) & (best_neg > 0)
-    chosen = (best_pos[ok] & low).astype(np.int64) - 1
-    rejected = (best_neg[ok] & low).astype(np.int64) - 1
-    first = cand.starts[ok]
-    return Pairs(cand.agent[first], cand.parent[first], cand.node[chosen], cand.node[rejected])
+    hashes = node_hashes(seed, family.key, extra=0)
+    parts = []
+    for agent in range(threshold.size):
+        draw = random_draws(hashes, agent)  # > 0: zero marks "not a candidate"
+        positive = family.value[agent] >= threshold[agent]
+        acted = family.acted[agent]
+        pos_key = draw * (acted & positive)
+        neg_key = draw * (acted & ~positive)
+        for bucket in family.buckets:
+            pos_at, pos_best = column_argmax(bucket.rows(pos_key))
+            neg_at, neg_best = column_argmax(bucket.rows(neg_key))
+            rows = np.flatnonzero(np.logical_and(pos_best, neg_best))  # groups with both kinds
+            first = bucket.first[rows]
+            parts.append((agent, bucket.owner[rows], first + pos_at[rows], first + neg_at[rows]))
+    return _collect(family, parts)
 
 
-def _interval(cand: _Candidates, min_gap: np.ndarray, node_key: np.ndarray, seed: int) -> Pairs:
+def _interval(family: _Family, min_gap: np.ndarray, seed: int) -> Pairs:
     """One uniform pair per group among sibling pairs whose value gap exceeds `min_gap`."""
-    first, second = _within_group_pairs(cand.starts, cand.node.size)
-    gap = np.abs(cand.value[first] - cand.value[second])
-    keep = gap > min_gap[cand.agent[first]]
-    first, second = first[keep], second[keep]
-    if first.size == 0:
+    hashes = node_hashes(seed, family.key, extra=1)
+    parts = []
+    for bucket in family.buckets:
+        left, right = np.triu_indices(bucket.size, k=1)
+        member_hash = bucket.rows(hashes)
+        with np.errstate(over="ignore"):  # symmetric in the two siblings; wrap-around intended
+            pair_hash = mix64(member_hash[:, left] + member_hash[:, right])
+        for agent in range(min_gap.size):
+            value = bucket.rows(family.value[agent])
+            acted = bucket.rows(family.acted[agent])
+            gap = value[:, left] - value[:, right]
+            valid = acted[:, left] & acted[:, right] & (np.abs(gap) > min_gap[agent])
+            at, best = column_argmax(random_draws(pair_hash, agent) * valid)
+            rows = np.flatnonzero(best != 0)
+            at = at[rows]
+            left_wins = gap.ravel()[rows * left.size + at] > 0  # never 0: the gap is > 0
+            left_at, right_at = left.take(at), right.take(at)
+            hi = np.where(left_wins, left_at, right_at)
+            lo = left_at + right_at - hi
+            first = bucket.first[rows]
+            parts.append((agent, bucket.owner[rows], first + hi, first + lo))
+    return _collect(family, parts)
+
+
+def _collect(family: _Family, parts: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]) -> Pairs:
+    """Concatenate per-(agent, bucket) picks into `Pairs` sorted by (agent, parent)."""
+    if not parts:
         return _empty_pairs()
-    # Symmetric pair key: the draw does not depend on which sibling comes first.
-    entry_key = random_keys(seed, node_key[cand.node], cand.agent, extra=1)
-    with np.errstate(over="ignore"):
-        pair_key = mix64(entry_key[first] + entry_key[second])
-    tagged, low = tag_with_position(pair_key)
-    group = np.searchsorted(cand.starts, first, side="right") - 1
-    pair_starts = segment_starts(group)
-    pick = (np.maximum.reduceat(tagged, pair_starts) & low).astype(np.int64) - 1
-    i, j = first[pick], second[pick]
-    i_wins = cand.value[i] > cand.value[j]  # never equal: the gap is strictly positive
-    return Pairs(
-        cand.agent[i],
-        cand.parent[i],
-        np.where(i_wins, cand.node[i], cand.node[j]),
-        np.where(i_wins, cand.node[j], cand.node[i]),
-    )
-
-
-def _within_group_pairs(starts: np.ndarray, n_entries: int) -> tuple[np.ndarray, np.ndarray]:
-    """All (i, j) entry pairs with i < j inside the same group, in group order."""
-    sizes = np.diff(np.append(starts, n_entries))
-    group_start = np.repeat(starts, sizes)
-    group_end = group_start + np.repeat(sizes, sizes)
-    entry = np.arange(n_entries)
-    partners = group_end - entry - 1  # entries after `entry` in its group
-    first = np.repeat(entry, partners)
-    run_start = np.cumsum(partners) - partners
-    second = first + 1 + (np.arange(first.size) - np.repeat(run_start, partners))
-    return first, second
+    agent = np.concatenate([np.full(p[1].size, p[0], dtype=np.int64) for p in parts])
+    parent, chosen, rejected = (np.concatenate([p[k] for p in parts]) for k in (1, 2, 3))
+    if len(family.buckets) > 1:  # buckets interleave parents: restore (agent, parent) order
+        order = np.lexsort((parent, agent))
+        agent, parent, chosen, rejected = (
+            agent[order],
+            parent[order],
+            chosen[order],
+            rejected[order],
+        )
+    return Pairs(agent, parent, family.node(chosen), family.node(rejected))
 
 
 def _min_gaps(

@@ -13,6 +13,8 @@ global RNG state or Python's salted `hash`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 _MASK64 = (1 << 64) - 1
@@ -49,20 +51,25 @@ def as_parent_array(parent: np.ndarray) -> np.ndarray:
 
 
 def check_depth(parent: np.ndarray, depth: np.ndarray) -> np.ndarray:
-    """Return `depth` as int64 after checking roots are 0 and children are parent + 1."""
+    """Return `depth` after checking roots are 0 and every child is its parent's depth + 1."""
     depth = np.asarray(depth)
     if depth.shape != parent.shape:
         raise ValueError(f"depth has shape {depth.shape}, expected {parent.shape} like parent")
     if depth.size and not np.issubdtype(depth.dtype, np.integer):
         raise ValueError(f"depth must hold integers, got dtype {depth.dtype}")
-    depth = depth.astype(np.int64, copy=False)
-    is_root = parent < 0
-    expected = np.where(is_root, 0, depth[np.where(is_root, 0, parent)] + 1)
-    bad = np.flatnonzero(depth != expected)
-    if bad.size:
-        i = int(bad[0])
+    child = non_roots(parent)
+    bad_child = depth[child] != depth[parent[child]] + 1
+    bad_root = (depth != 0) & (parent < 0)
+    if bad_child.any() or bad_root.any():
+        i = min(
+            int(np.arange(parent.size)[child][np.argmax(bad_child)])
+            if bad_child.any()
+            else parent.size,
+            int(np.argmax(bad_root)) if bad_root.any() else parent.size,
+        )
+        want = 0 if parent[i] < 0 else int(depth[parent[i]]) + 1
         raise ValueError(
-            f"depth is inconsistent at node {i}: got {int(depth[i])}, expected {int(expected[i])} "
+            f"depth is inconsistent at node {i}: got {int(depth[i])}, expected {want} "
             "(roots have depth 0, children their parent's depth + 1)"
         )
     return depth
@@ -95,8 +102,18 @@ def as_agent_vector(x: np.ndarray, n_agents: int, name: str) -> np.ndarray:
     return x
 
 
+def as_node_keys(node_key: np.ndarray, n: int) -> np.ndarray:
+    """Return `node_key` as uint64[n], or raise if the shape or dtype is wrong."""
+    node_key = np.asarray(node_key)
+    if node_key.shape != (n,):
+        raise ValueError(f"node_key must have shape [N={n}], got {node_key.shape}")
+    if node_key.size and not np.issubdtype(node_key.dtype, np.integer):
+        raise ValueError(f"node_key must hold integers, got dtype {node_key.dtype}")
+    return node_key.astype(np.uint64, copy=False)
+
+
 # --------------------------------------------------------------------------------------------
-# Structure
+# Structure: levels and sibling groups
 # --------------------------------------------------------------------------------------------
 
 
@@ -110,7 +127,7 @@ def level_nodes(depth: np.ndarray) -> list[slice | np.ndarray]:
     """Nodes of each depth, shallowest first.
 
     When `depth` is non-decreasing (BFS order, the common case) each level is a contiguous
-    `slice`, which makes per-level reads views instead of gathers. Otherwise one stable argsort
+    `slice`, so per-level reads are views instead of gathers. Otherwise one stable argsort
     groups the nodes and each level is an index array (ascending node order within a level).
     """
     if depth.size == 0:
@@ -124,55 +141,106 @@ def level_nodes(depth: np.ndarray) -> list[slice | np.ndarray]:
     return [order[bounds[d] : bounds[d + 1]] for d in range(n_levels)]
 
 
-def level_slots(levels: list[slice | np.ndarray], n: int) -> np.ndarray | None:
-    """Position of each node within its own level, or None when every level is a slice.
+def non_roots(parent: np.ndarray) -> slice | np.ndarray:
+    """All non-root nodes: a slice when the roots are exactly the first nodes (BFS order)."""
+    is_root = parent < 0
+    n_roots = int(np.count_nonzero(is_root))
+    if is_root[:n_roots].all():
+        return slice(n_roots, parent.size)
+    return np.flatnonzero(parent >= 0)
 
-    With slices a node's slot is simply `node - level.start`, so no array is needed.
+
+@dataclass(frozen=True, eq=False)
+class Bucket:
+    """The sibling groups that all have `size` members.
+
+    Groups are runs of equal parent in the grouped node order returned by `sibling_buckets`.
+    Working one group size at a time turns "reduce over each group" into a few elementwise
+    operations on `[..., G, size]` arrays, which is much faster than `ufunc.reduceat` or
+    `bincount` on small groups. There are at most as many buckets as distinct family sizes.
     """
-    if all(isinstance(lv, slice) for lv in levels):
-        return None
-    slots = np.empty(n, dtype=np.int64)
-    for lv in levels:
-        slots[lv] = np.arange(level_size(lv))
-    return slots
+
+    size: int
+    first: np.ndarray  # int64[G]: position of each group's first member in the grouped order
+    owner: np.ndarray  # int64[G]: the parent node of each group (strictly increasing)
+    tiles: bool  # the groups tile the whole grouped order, so `rows` is a reshape
+
+    def rows(self, ordered: np.ndarray) -> np.ndarray:
+        """`[..., G, size]` group members from an array whose last axis is the grouped order."""
+        if self.tiles:
+            return ordered.reshape(*ordered.shape[:-1], self.first.size, self.size)
+        return ordered[..., self.first[:, None] + np.arange(self.size)]
+
+    @property
+    def owner_index(self) -> slice | np.ndarray:
+        """`owner` as a slice when the owners are consecutive nodes (BFS order), for cheap writes."""
+        own = self.owner
+        if own.size and int(own[-1]) - int(own[0]) + 1 == own.size:
+            return slice(int(own[0]), int(own[-1]) + 1)
+        return own
 
 
-def level_size(level: slice | np.ndarray) -> int:
-    """Number of nodes in one entry of `level_nodes`."""
-    return level.stop - level.start if isinstance(level, slice) else int(level.size)
+def sibling_buckets(
+    parent: np.ndarray, nodes: slice | np.ndarray, min_size: int = 1
+) -> tuple[slice | np.ndarray, list[Bucket]]:
+    """Group `nodes` by parent (stable) and bucket the groups by size.
 
-
-def parent_slots(
-    parent: np.ndarray,
-    child_level: slice | np.ndarray,
-    parent_level: slice | np.ndarray,
-    slots: np.ndarray | None,
-) -> np.ndarray:
-    """Positions, within the parent level, of the parents of `child_level`'s nodes."""
-    par = parent[child_level]
-    if slots is None:
-        return par - parent_level.start  # type: ignore[union-attr]
-    return slots[par]
-
-
-def sum_into_parents(child_rows: np.ndarray, slot: np.ndarray, n_parents: int) -> np.ndarray:
-    """Sum `[n_children, A]` rows into `[n_parents, A]` by parent slot with one `bincount`."""
-    n_agents = child_rows.shape[1]
-    flat = (slot[:, None] * n_agents + np.arange(n_agents)).ravel()
-    sums = np.bincount(flat, weights=child_rows.ravel(), minlength=n_parents * n_agents)
-    return sums.reshape(n_parents, n_agents)
-
-
-def segment_starts(*keys: np.ndarray) -> np.ndarray:
-    """Start positions of runs of equal consecutive key tuples (keys must be pre-grouped)."""
-    n = keys[0].size
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    change = np.zeros(n, dtype=bool)
+    Returns the nodes in grouped order (the input slice when already grouped, as in BFS order)
+    and the buckets of groups with at least `min_size` members, smallest size first.
+    """
+    child_parent = parent[nodes]
+    if np.any(child_parent[1:] < child_parent[:-1]):  # not BFS-like: group siblings once
+        order = np.argsort(child_parent, kind="stable")
+        nodes = np.arange(parent.size)[nodes][order]
+        child_parent = child_parent[order]
+    if child_parent.size == 0:
+        return nodes, []
+    change = np.empty(child_parent.size, dtype=bool)
     change[0] = True
-    for k in keys:
-        change[1:] |= k[1:] != k[:-1]
-    return np.flatnonzero(change)
+    np.not_equal(child_parent[1:], child_parent[:-1], out=change[1:])
+    starts = np.flatnonzero(change)
+    sizes = np.diff(np.append(starts, child_parent.size))
+    owner = child_parent[starts]
+    per_size = np.bincount(sizes)
+    buckets = []
+    for size in np.flatnonzero(per_size):
+        if size < min_size:
+            continue
+        if per_size[size] == starts.size:
+            buckets.append(Bucket(int(size), starts, owner, tiles=True))
+        else:
+            pick = np.flatnonzero(sizes == size)
+            buckets.append(Bucket(int(size), starts[pick], owner[pick], tiles=False))
+    return nodes, buckets
+
+
+def column_argmax(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(argmax, max) over the small last axis; ties go to the first column.
+
+    A loop over the few columns of whole-array operations, several times faster than
+    `argmax(axis=-1)` on the narrow matrices that sibling groups give. The index is uint8 when
+    the axis is short enough (for k = 2 it is a free view of the comparison).
+    """
+    k = matrix.shape[-1]
+    best = matrix[..., 0]
+    index = np.zeros(best.shape, dtype=np.uint8 if k < 256 else np.int64)
+    for j in range(1, k):
+        column = matrix[..., j]
+        better = column > best
+        best = np.maximum(best, column)
+        if j == 1 and index.dtype == np.uint8:
+            index = better.view(np.uint8)
+        else:
+            index = np.where(better, index.dtype.type(j), index)
+    return index, np.array(best, copy=True) if k == 1 else best
+
+
+def column_sum(matrix: np.ndarray) -> np.ndarray:
+    """Sum over the small last axis, one column at a time."""
+    total = matrix[..., 0].copy()
+    for j in range(1, matrix.shape[-1]):
+        total += matrix[..., j]
+    return total
 
 
 # --------------------------------------------------------------------------------------------
@@ -198,58 +266,59 @@ def mix64(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def _mix_int(value: int) -> np.uint64:
+    """`mix64` of one Python int (taken modulo 2**64)."""
+    return mix64(np.array([value & _MASK64], dtype=np.uint64))[0]
+
+
 def seed_base(seed: int) -> np.uint64:
     """Scramble a run seed (a non-negative int below 2**64) into a uint64 base."""
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
         raise ValueError(f"seed must be an int, got {type(seed).__name__}")
     if not 0 <= int(seed) <= _MASK64:
         raise ValueError(f"seed must be in [0, 2**64), got {seed}")
-    return mix64(np.array([int(seed)], dtype=np.uint64))[0]
+    return _mix_int(int(seed))
 
 
-def random_keys(
-    seed: int, node_key: np.ndarray, agent: np.ndarray | int, extra: int = 0
-) -> np.ndarray:
-    """Uniform random uint64 keys as a pure function of (seed, node key, agent, extra).
+def node_hashes(seed: int, node_key: np.ndarray, extra: int = 0) -> np.ndarray:
+    """uint64 hash of each (seed, node key, extra); a bijection of the node key.
 
-    For a fixed (seed, agent, extra) the map from node key to random key is a bijection, so
-    distinct nodes never collide.
+    Distinct nodes therefore never collide, and the value depends only on the node's identity,
+    not on where it is stored.
     """
-    base = seed_base(seed)
-    salt = mix64(np.array([(int(extra) + 1) & _MASK64], dtype=np.uint64))[0]
-    with np.errstate(over="ignore"):  # wrap-around is intended (modular hashing)
-        x = np.atleast_1d(np.asarray(node_key, dtype=np.uint64) ^ (base ^ salt))
-        x = x + (np.atleast_1d(np.asarray(agent, dtype=np.uint64)) + np.uint64(1)) * _GOLDEN
-    return mix64(x.astype(np.uint64, copy=False))
+    salt = seed_base(seed) ^ _mix_int(int(extra) + 1)
+    return mix64(np.asarray(node_key, dtype=np.uint64) ^ salt)
 
 
-def uniform_floats(
-    seed: int, node_key: np.ndarray, agent: np.ndarray | int, extra: int = 0
-) -> np.ndarray:
-    """Uniform floats in [0, 1) from the top 53 bits of `random_keys`."""
-    keys = random_keys(seed, node_key, agent, extra)
-    return (keys >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+def agent_bits(hashes: np.ndarray, agent: int) -> np.ndarray:
+    """32 random bits (uint32) per hash for one agent.
 
-
-def as_node_keys(node_key: np.ndarray, n: int) -> np.ndarray:
-    """Return `node_key` as uint64[n], or raise if the shape or dtype is wrong."""
-    node_key = np.asarray(node_key)
-    if node_key.shape != (n,):
-        raise ValueError(f"node_key must have shape [N={n}], got {node_key.shape}")
-    if node_key.size and not np.issubdtype(node_key.dtype, np.integer):
-        raise ValueError(f"node_key must hold integers, got dtype {node_key.dtype}")
-    return node_key.astype(np.uint64, copy=False)
-
-
-def tag_with_position(keys: np.ndarray) -> tuple[np.ndarray, np.uint64]:
-    """Replace the low bits of each key with its position + 1 (so every tag is > 0).
-
-    The max over a segment of tagged keys then identifies a unique, uniformly random element:
-    the high bits decide, the low bits break (astronomically rare) ties and tell us where it is.
-    Returns the tagged keys and the low-bit mask.
+    Agents 2k and 2k+1 take the high and low halves of word k (word 0 is the hash itself, word k
+    a re-mix), so two agents cost one hash. 32 bits are plenty for a uniform pick among a few
+    siblings.
     """
-    n_bits = max(1, int(keys.size + 1).bit_length())
-    low = np.uint64((1 << n_bits) - 1)
-    tagged = keys & ~low
-    tagged |= np.arange(1, keys.size + 1, dtype=np.uint64)
-    return tagged, low
+    if agent < 2:
+        word = hashes
+    else:
+        with np.errstate(over="ignore"):  # modular arithmetic is intended
+            word = mix64(hashes + np.uint64(agent // 2) * _GOLDEN)
+    if agent % 2 == 0:
+        word = word >> np.uint64(32)
+    return word.astype(np.uint32)  # keeps the low 32 bits
+
+
+def random_draws(hashes: np.ndarray, agent: int) -> np.ndarray:
+    """Random uint32 sort keys, all odd (so > 0), for "largest key wins" picks.
+
+    Zero is kept free to mark non-candidates. Two candidates tie with probability 2**-31 (the
+    first then wins), a negligible bias.
+    """
+    draws = agent_bits(hashes, agent)
+    draws |= np.uint32(1)
+    return draws
+
+
+def uniform_floats(seed: int, node_key: np.ndarray, agent: int = 0, extra: int = 0) -> np.ndarray:
+    """Uniform floats in [0, 1) (32-bit resolution) per node, for other counter-based draws."""
+    bits = agent_bits(node_hashes(seed, node_key, extra), agent)
+    return bits.astype(np.float64) * (1.0 / (1 << 32))

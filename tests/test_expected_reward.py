@@ -87,6 +87,20 @@ def test_forest_in_depth_first_order():
     np.testing.assert_allclose(la, [2 / 3, 0.5, 1, 0, 1, -0.25, 0.5, -1])
 
 
+def test_trees_stored_one_after_another():
+    """Roots 0, 2, 5 each followed by their children: 0 -> {1}, 2 -> {3, 4}, 5 -> {6, 7}.
+
+    r1 = 1, r3 = 1, r4 = 0, r6 = 0.5, r7 = 0.5
+    v0 = 1 (one child), v2 = (1 + 0)/2 = 0.5, v5 = 0.5 (both estimators)
+    """
+    parent = [-1, 0, -1, 2, 2, -1, 5, 5]
+    depth = [0, 1, 0, 1, 1, 0, 1, 1]
+    reward = [[0], [1], [0], [1], [0], [0], [0.5], [0.5]]
+    for method in ("monte_carlo", "leaf_average"):
+        got = _values(parent, depth, reward, method)[:, 0]
+        np.testing.assert_allclose(got, [1, 1, 0.5, 1, 0, 0.5, 0.5, 0.5])
+
+
 def test_children_counts():
     """0 -> {1, 2}, 1 -> {3}; a second root 4 with no children."""
     np.testing.assert_array_equal(children_counts(np.array([-1, 0, 0, 1, -1]), 5), [2, 1, 0, 0, 0])

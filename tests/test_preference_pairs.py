@@ -114,6 +114,18 @@ def test_forest_output_is_sorted_by_agent_then_parent():
         assert _rows(_pairs(parent, value, acted, method)) == want
 
 
+def test_trees_stored_one_after_another():
+    """Roots 0, 2, 5 each followed by their children: 0 -> {1}, 2 -> {3, 4}, 5 -> {6, 7}.
+
+    values: 1: 1.0; 3: 1.0, 4: 0.0; 6: 0.0, 7: 1.0 (threshold 0.5, all acted)
+    pairs: none at 0 (one child); (3 over 4) at 2; (7 over 6) at 5
+    """
+    parent = [-1, 0, -1, 2, 2, -1, 5, 5]
+    value = [[0], [1], [0], [1], [0], [0], [0], [1]]
+    acted = [[p >= 0] for p in parent]
+    assert _rows(_pairs(parent, value, acted)) == [(0, 2, 3, 4), (0, 5, 7, 6)]
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
