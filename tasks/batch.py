@@ -6,7 +6,7 @@ from prefect import task
 
 from nip_core.artifacts import RunPaths, write_parquet
 from nip_core.batching import iteration_positions
-from nip_core.data import datapoints, load_dataset
+from nip_core.data import datapoints, load_for_parameters
 from nip_core.iteration_context import IterationContext
 from nip_core.rollout_tree import BatchItem, batch_table
 from nip_core.seeding import episode_seed
@@ -15,12 +15,12 @@ from tasks.common import run_stage
 
 def select_batch(context: IterationContext) -> list[BatchItem]:
     hp = context.hyper_params
-    train = load_dataset(
+    train = load_for_parameters(
         hp.dataset,
         "train",
-        path=hp.dataset_options.local_path,
-        max_size=hp.dataset_options.max_train_size,
-        shuffle_seed=hp.dataset_options.reduce_shuffle_seed,
+        options=hp.dataset_options,
+        code_validation=hp.code_validation,
+        seed=hp.seed,
     )
     points = datapoints(train)
     batch_indices, positions = iteration_positions(

@@ -6,6 +6,8 @@ MALT iterations export DPO pairs; expert-iteration iterations (`pure_text_ei`, o
 
 from __future__ import annotations
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from prefect import task
 
 from nip_core import dataset_export as export
@@ -43,7 +45,7 @@ def export_datasets(paths: RunPaths, context: IterationContext) -> dict:
                 table, jsonl = export.sft_table(rows), export.sft_openai_jsonl(rows)
             else:
                 kind = "dpo"
-                group_pairs = pairs.filter(pairs.column("agent").is_in(list(agents)))
+                group_pairs = pairs.filter(pc.is_in(pairs.column("agent"), pa.array(list(agents))))
                 rows = export.dpo_rows(nodes, group_pairs, ctx)
                 table, jsonl = export.dpo_table(rows), export.dpo_openai_jsonl(rows)
             base = f"datasets/{kind}/{group}"
