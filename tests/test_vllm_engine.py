@@ -1,0 +1,474 @@
+"""The vLLM engine without vLLM: pure command-line checks, then a fake `vllm` executable.
+
+The fake is a small stdlib HTTP server written into tmp_path. It parses the argv the engine gives
+it, serves the four routes the engine uses, records every launch and request in a JSONL file, and
+starts a "worker" child (as vLLM starts its engine-core process) so that killing the whole process
+group can be checked. Environment switches make it slow to start, crash, or ignore SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from nip_core.lm_server.engines import ChatRequest
+from nip_core.lm_server.engines.base import AdapterError
+from nip_core.lm_server.engines.vllm import (
+    VllmEngine,
+    VllmError,
+    VllmServeConfig,
+    adapter_rank,
+    lora_rank_bucket,
+    vllm_command,
+    vllm_env,
+)
+
+FAKE_VLLM = r"""
+import json, os, signal, subprocess, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+HERE = Path(__file__).parent
+ARGS = sys.argv[1:]
+MODEL, PORT, HOST = ARGS[1], int(ARGS[ARGS.index("--port") + 1]), ARGS[ARGS.index("--host") + 1]
+
+
+def record(kind, **fields):
+    with (HERE / "requests.jsonl").open("a") as fh:
+        fh.write(json.dumps({"kind": kind, "pid": os.getpid(), **fields}) + "\n")
+
+
+record("launch", argv=ARGS, lora_env=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING"))
+print(f"fake vllm: loading {MODEL}", flush=True)
+if os.environ.get("FAKE_VLLM_CRASH"):
+    print("RuntimeError: CUDA out of memory (fake)", file=sys.stderr, flush=True)
+    sys.exit(3)
+if os.environ.get("FAKE_VLLM_IGNORE_TERM"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+(HERE / f"worker-{os.getpid()}.pid").write_text(str(worker.pid))
+time.sleep(float(os.environ.get("FAKE_VLLM_DELAY", "0")))
+ADAPTERS = {}
+
+
+class Handler(BaseHTTPRequestHandler):
+    def send(self, code, body):
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def error(self, code, message):
+        self.send(code, {"error": {"message": message, "type": "Error", "code": code}})
+
+    def do_GET(self):
+        if self.path != "/v1/models":
+            return self.error(404, "Not Found")
+        self.send(200, {"object": "list", "data": [{"id": m} for m in [MODEL, *ADAPTERS]]})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        record("post", path=self.path, body=body)
+        if self.path == "/v1/chat/completions":
+            name = body["model"]
+            if name != MODEL and name not in ADAPTERS:
+                return self.error(404, f"The model `{name}` does not exist.")
+            choices = [
+                {"index": i, "message": {"role": "assistant", "content": f"{name}#{i}"},
+                 "finish_reason": "length" if i else "stop"}
+                for i in reversed(range(body.get("n", 1)))
+            ]
+            return self.send(200, {"object": "chat.completion", "choices": choices})
+        name = body.get("lora_name")
+        if self.path == "/v1/load_lora_adapter":
+            if name in ADAPTERS:
+                return self.error(400, f"The lora adapter '{name}' has already been loaded.")
+            ADAPTERS[name] = body["lora_path"]
+            return self.send(200, f"Success: LoRA adapter '{name}' added successfully.")
+        if self.path == "/v1/unload_lora_adapter":
+            if name not in ADAPTERS:
+                return self.error(404, f"The lora adapter '{name}' cannot be found.")
+            del ADAPTERS[name]
+            return self.send(200, f"Success: LoRA adapter '{name}' removed successfully.")
+        self.error(404, "Not Found")
+
+    def log_message(self, *args):
+        pass
+
+
+print(f"fake vllm: serving on {HOST}:{PORT}", flush=True)
+ThreadingHTTPServer((HOST, PORT), Handler).serve_forever()
+"""
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+
+def run(engine: VllmEngine, scenario) -> None:
+    """Run an async scenario in one event loop (the engine's HTTP client is bound to it)."""
+
+    async def main() -> None:
+        try:
+            await scenario()
+        finally:
+            await engine.stop()
+
+    asyncio.run(main())
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_dead(pid: int, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not alive(pid)
+
+
+def make_adapter(root: Path, name: str, rank: int = 16, **extra) -> Path:
+    path = root / name
+    path.mkdir()
+    (path / "adapter_config.json").write_text(json.dumps({"r": rank, "lora_alpha": 16, **extra}))
+    (path / "adapter_model.safetensors").write_bytes(b"\0")
+    return path
+
+
+@pytest.fixture
+def fake_vllm(tmp_path: Path) -> Path:
+    script = tmp_path / "vllm"
+    script.write_text(f"#!{sys.executable}\n{FAKE_VLLM}")
+    script.chmod(0o755)
+    return script
+
+
+def records(tmp_path: Path, kind: str | None = None) -> list[dict]:
+    path = tmp_path / "requests.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    rows = [json.loads(line) for line in lines]
+    return [r for r in rows if kind is None or r["kind"] == kind]
+
+
+def posts(tmp_path: Path, route: str) -> list[dict]:
+    return [r["body"] for r in records(tmp_path, "post") if r["path"] == route]
+
+
+@pytest.fixture
+def engine(fake_vllm: Path, tmp_path: Path):
+    eng = VllmEngine(
+        "base-model",
+        port=free_port(),
+        vllm_executable=str(fake_vllm),
+        startup_timeout=20,
+        stop_grace=3,
+        log_path=tmp_path / "logs" / "vllm.log",
+    )
+    yield eng
+    if eng._proc is not None:  # a failed test may leave vLLM running: kill its group
+        try:
+            os.killpg(eng._proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# ---- pure: command line, environment, adapter configs -------------------------------------
+
+
+def test_default_command_line() -> None:
+    cmd = vllm_command(VllmServeConfig("org/base", port=8123))
+    assert cmd == [
+        "vllm", "serve", "org/base", "--host", "127.0.0.1", "--port", "8123", "--enable-lora",
+        "--max-loras", "2", "--max-lora-rank", "64", "--max-cpu-loras", "2",
+        "--gpu-memory-utilization", "0.85",
+    ]  # fmt: skip
+
+
+def test_command_line_options_quantization_and_extra_args() -> None:
+    config = VllmServeConfig(
+        "m", max_loras=3, max_cpu_loras=8, max_lora_rank=24, quantization="bitsandbytes",
+        gpu_memory_utilization=0.5, extra_args=["--max-model-len", "4096"], vllm_executable="/x/vllm",
+    )  # fmt: skip
+    cmd = vllm_command(config)
+    assert cmd[:3] == ["/x/vllm", "serve", "m"]
+    assert cmd[cmd.index("--max-lora-rank") + 1] == "32"  # 24 rounded up to an allowed rank
+    assert cmd[cmd.index("--max-loras") + 1] == "3"
+    assert cmd[cmd.index("--max-cpu-loras") + 1] == "8"
+    assert cmd[cmd.index("--quantization") + 1] == "bitsandbytes"
+    assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.5"
+    assert cmd[-2:] == ["--max-model-len", "4096"]
+    assert "--quantization" not in vllm_command(VllmServeConfig("m", quantization="none"))
+
+
+@pytest.mark.parametrize(
+    ("rank", "bucket"),
+    [(1, 1), (2, 8), (8, 8), (9, 16), (64, 64), (65, 128), (300, 320), (512, 512)],
+)
+def test_rank_rounds_up_to_an_allowed_value(rank: int, bucket: int) -> None:
+    assert lora_rank_bucket(rank) == bucket
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_lora_rank": 0}, "max_lora_rank"),
+        ({"max_lora_rank": 513}, "exceeds"),
+        ({"max_loras": 0}, "max_loras"),
+        ({"max_loras": 4, "max_cpu_loras": 2}, "max_cpu_loras"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+        ({"port": 0}, "port"),
+        ({"extra_args": ["--port=9000"]}, "--port"),
+        ({"extra_args": ["--max-lora-rank", "8"]}, "--max-lora-rank"),
+    ],
+)
+def test_bad_options_are_rejected_with_a_named_error(options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        VllmServeConfig("m", **options)
+    with pytest.raises(ValueError, match=message):
+        VllmEngine("m", **options)
+
+
+def test_env_enables_runtime_lora_loading_without_touching_the_base() -> None:
+    base = {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0"}
+    env = vllm_env(base)
+    assert env == {**base, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in base
+    assert vllm_env()["PATH"] == os.environ["PATH"]
+
+
+def test_adapter_rank_reads_r_and_rank_pattern(tmp_path: Path) -> None:
+    assert adapter_rank(make_adapter(tmp_path, "a", rank=8)) == 8
+    assert adapter_rank(make_adapter(tmp_path, "b", rank=8, rank_pattern={"q_proj": 96})) == 96
+    bad = make_adapter(tmp_path, "c", rank=8)
+    (bad / "adapter_config.json").write_text(json.dumps({"lora_alpha": 16}))
+    with pytest.raises(AdapterError, match="rank"):
+        adapter_rank(bad)
+
+
+# ---- the fake vllm executable -------------------------------------------------------------
+
+
+def chat(model: str, **options) -> ChatRequest:
+    return ChatRequest(model=model, messages=[{"role": "user", "content": "hi"}], **options)
+
+
+def test_start_waits_for_health_and_chat_forwards_sampling(engine, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("FAKE_VLLM_DELAY", "0.6")
+
+    async def scenario() -> None:
+        began = time.monotonic()
+        await engine.start()
+        assert time.monotonic() - began >= 0.6
+        async with httpx.AsyncClient(trust_env=False) as client:
+            assert (await client.get(f"{engine.config.base_url}/v1/models")).status_code == 200
+        [launch] = records(tmp_path, "launch")
+        assert launch["argv"] == vllm_command(engine.config)[1:]
+        assert launch["lora_env"] == "True"
+        assert engine.status() == "online"
+
+        sampling = dict(temperature=0.7, top_p=0.9, max_tokens=12, seed=5, repetition_penalty=1.1)
+        choices = await engine.chat(chat("base-model", n=3, **sampling))
+        assert [c.text for c in choices] == ["base-model#0", "base-model#1", "base-model#2"]
+        assert [c.finish_reason for c in choices] == ["stop", "length", "length"]
+        messages = [{"role": "user", "content": "hi"}]
+        expected = {"model": "base-model", "messages": messages, "n": 3, **sampling}
+        assert posts(tmp_path, "/v1/chat/completions") == [expected]
+        await engine.chat(chat("base-model"))  # unset options are left to vLLM's defaults
+        last = {"model": "base-model", "messages": messages, "n": 1}
+        assert posts(tmp_path, "/v1/chat/completions")[-1] == last
+
+    run(engine, scenario)
+
+
+def test_unknown_model_is_an_adapter_error(engine) -> None:
+    async def scenario() -> None:
+        await engine.start()
+        with pytest.raises(AdapterError, match="does not serve model 'nope'.*does not exist"):
+            await engine.chat(chat("nope"))
+
+    run(engine, scenario)
+
+
+def test_load_and_unload_adapter_requests(engine, tmp_path) -> None:
+    path = make_adapter(tmp_path, "ad1")
+
+    async def scenario() -> None:
+        await engine.start()
+        await engine.load_adapter("verifier-it1", str(path))
+        await engine.load_adapter("verifier-it1", str(path))  # same name and path: a no-op
+        assert posts(tmp_path, "/v1/load_lora_adapter") == [
+            {"lora_name": "verifier-it1", "lora_path": str(path.resolve())}
+        ]
+        assert engine.models() == ["base-model", "verifier-it1"]
+        [choice] = await engine.chat(chat("verifier-it1"))
+        assert choice.text == "verifier-it1#0"
+        await engine.unload_adapter("verifier-it1")
+        assert posts(tmp_path, "/v1/unload_lora_adapter") == [{"lora_name": "verifier-it1"}]
+        assert engine.models() == ["base-model"]
+        with pytest.raises(AdapterError, match="not loaded"):
+            await engine.unload_adapter("verifier-it1")
+        # A retired name may not come back with other weights.
+        with pytest.raises(AdapterError, match="already used"):
+            await engine.load_adapter("verifier-it1", str(make_adapter(tmp_path, "ad2")))
+
+    run(engine, scenario)
+
+
+def test_bad_adapters_fail_before_any_http_call(engine, tmp_path) -> None:
+    good = make_adapter(tmp_path, "good")
+    no_config = tmp_path / "no_config"
+    no_config.mkdir()
+    no_weights = make_adapter(tmp_path, "no_weights")
+    (no_weights / "adapter_model.safetensors").unlink()
+    cases = [
+        ("x1", tmp_path / "missing", "does not exist"),
+        ("x2", no_config, "adapter_config.json"),
+        ("x3", no_weights, "adapter_model"),
+        ("x4", make_adapter(tmp_path, "big", rank=128), "rank 128 > max_lora_rank 64"),
+        ("p-it1", make_adapter(tmp_path, "other"), "already used"),
+        ("base-model", good, "differ from the base"),
+        ("", good, "non-empty"),
+    ]
+
+    async def scenario() -> None:
+        await engine.start()
+        await engine.load_adapter("p-it1", str(good))
+        before = len(records(tmp_path, "post"))
+        for name, path, message in cases:
+            with pytest.raises(AdapterError, match=message):
+                await engine.load_adapter(name, str(path))
+        assert len(records(tmp_path, "post")) == before
+        assert engine.models() == ["base-model", "p-it1"]
+
+    run(engine, scenario)
+
+
+def test_release_and_reacquire_restart_vllm_and_reload_adapters(engine, tmp_path) -> None:
+    early, late = make_adapter(tmp_path, "early"), make_adapter(tmp_path, "late")
+
+    async def scenario() -> None:
+        await engine.load_adapter("v-it0", str(early))  # not running yet: loaded on start
+        await engine.start()
+        await engine.load_adapter("v-it1", str(late))
+        await engine.unload_adapter("v-it0")
+        first = records(tmp_path, "launch")[0]["pid"]
+        worker = int((tmp_path / f"worker-{first}.pid").read_text())
+        assert [b["lora_name"] for b in posts(tmp_path, "/v1/load_lora_adapter")] == [
+            "v-it0",
+            "v-it1",
+        ]
+
+        await engine.release_accelerator()
+        assert wait_dead(first) and wait_dead(worker)
+        assert engine.status() == "not_running"
+        with pytest.raises(VllmError, match="not running"):
+            await engine.chat(chat("v-it1"))
+
+        await engine.reacquire_accelerator()
+        launches = records(tmp_path, "launch")
+        assert len(launches) == 2 and launches[1]["pid"] != first
+        reloaded = [
+            r["body"]
+            for r in records(tmp_path, "post")
+            if r["pid"] == launches[1]["pid"] and r["path"] == "/v1/load_lora_adapter"
+        ]
+        assert reloaded == [{"lora_name": "v-it1", "lora_path": str(late.resolve())}]
+        [choice] = await engine.chat(chat("v-it1"))
+        assert choice.text == "v-it1#0"
+
+    run(engine, scenario)
+
+
+def test_crash_at_start_reports_the_log_tail(engine, monkeypatch) -> None:
+    monkeypatch.setenv("FAKE_VLLM_CRASH", "1")
+
+    async def scenario() -> None:
+        with pytest.raises(VllmError, match=r"(?s)exited with code 3.*CUDA out of memory \(fake\)"):
+            await engine.start()
+        assert engine.status() == "not_running"
+
+    run(engine, scenario)
+
+
+def test_crash_while_serving_is_reported_with_the_log_tail(engine, tmp_path) -> None:
+    async def scenario() -> None:
+        await engine.start()
+        pid = records(tmp_path, "launch")[0]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while engine.status() == "online" and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert engine.status() == "crashed (exit code -9)"
+        with pytest.raises(VllmError, match=r"(?s)crashed \(exit code -9\).*serving on"):
+            await engine.chat(chat("base-model"))
+        await engine.start()  # recovers: cleans up the dead group and launches again
+        assert len(records(tmp_path, "launch")) == 2 and engine.status() == "online"
+        worker = int((tmp_path / f"worker-{pid}.pid").read_text())
+        assert wait_dead(worker)  # the crashed leader's worker was reaped too
+
+    run(engine, scenario)
+
+
+def test_stop_kills_the_process_group_even_if_sigterm_is_ignored(
+    engine, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv("FAKE_VLLM_IGNORE_TERM", "1")
+    engine.stop_grace = 0.5
+
+    async def scenario() -> None:
+        await engine.start()
+        pid = records(tmp_path, "launch")[0]["pid"]
+        worker = int((tmp_path / f"worker-{pid}.pid").read_text())
+        began = time.monotonic()
+        await asyncio.wait_for(engine.stop(), timeout=10)  # fail, do not hang, if SIGKILL is lost
+        assert time.monotonic() - began >= 0.5  # waited out the grace period, then SIGKILL
+        assert wait_dead(pid) and wait_dead(worker)
+
+    run(engine, scenario)
+
+
+def test_startup_timeout_busy_port_and_missing_executable(engine, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("FAKE_VLLM_DELAY", "30")
+    engine.startup_timeout = 0.5
+    missing = VllmEngine(
+        "m",
+        port=free_port(),
+        vllm_executable=str(tmp_path / "no-vllm"),
+        log_path=tmp_path / "m.log",
+    )
+
+    async def scenario() -> None:
+        with pytest.raises(VllmError, match="did not become healthy within 0.5 s"):
+            await engine.start()
+        pid = records(tmp_path, "launch")[0]["pid"]
+        assert wait_dead(pid) and engine.status() == "not_running"
+        with socket.socket() as busy:
+            busy.bind(("127.0.0.1", engine.config.port))
+            busy.listen()
+            with pytest.raises(VllmError, match="already in use"):
+                await engine.start()
+        with pytest.raises(VllmError, match=r"not found; install the GPU extra"):
+            await missing.start()
+
+    run(engine, scenario)
