@@ -11,10 +11,13 @@ most one (chosen, rejected) pair of sibling children:
   `interval_threshold_proportion * (reward_max - reward_min)` for that agent, one pair is drawn
   uniformly; the child with the higher value is the chosen one.
 
-Random draws are counter-based (see `tree_arrays.random_keys`): a pure function of the run seed,
-the node keys and the agent index, so a rerun or resume picks the same pairs. All work is whole
-array operations: candidates are laid out grouped by (agent, parent) and each uniform draw is a
-segment maximum of random keys (`np.maximum.reduceat`).
+Random draws are counter-based (`tree_arrays.node_hashes`): a pure function of the run seed, the
+node keys and the agent index (an interval pair's draw is symmetric in its two siblings), so a
+rerun or resume picks the same pairs however the forest is stored. A uniform pick is the
+candidate with the largest random key. All work is whole-array operations: siblings are grouped
+by parent and bucketed by family size (`tree_arrays.sibling_buckets`), so the only Python loops
+run over agents and distinct family sizes. The `interval` method enumerates all sibling pairs,
+which is meant for MALT's small families (K = 2..4 children), not for thousands of siblings.
 
 Example:
     >>> import numpy as np
@@ -144,9 +147,10 @@ class _Family:
     key: np.ndarray  # uint64[M]
 
     def node(self, position: np.ndarray) -> np.ndarray:
-        """Node index of positions in the grouped order."""
+        """Node index of positions in the grouped order (may reuse `position`'s memory)."""
         if isinstance(self.nodes, slice):
-            return position + self.nodes.start
+            position += self.nodes.start
+            return position
         return self.nodes[position]
 
 

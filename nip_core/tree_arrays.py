@@ -134,10 +134,10 @@ def level_nodes(depth: np.ndarray) -> list[slice | np.ndarray]:
         return []
     n_levels = int(depth.max()) + 1
     if np.all(depth[1:] >= depth[:-1]):
-        bounds = np.searchsorted(depth, np.arange(n_levels + 1))
+        bounds = np.searchsorted(depth, np.arange(n_levels + 1, dtype=depth.dtype))  # no cast
         return [slice(int(bounds[d]), int(bounds[d + 1])) for d in range(n_levels)]
     order = np.argsort(depth, kind="stable")
-    bounds = np.searchsorted(depth[order], np.arange(n_levels + 1))
+    bounds = np.searchsorted(depth[order], np.arange(n_levels + 1, dtype=depth.dtype))
     return [order[bounds[d] : bounds[d + 1]] for d in range(n_levels)]
 
 

@@ -172,3 +172,11 @@ def test_balanced_leaf_only_rewards_make_estimators_agree(n_roots, branching, le
     np.testing.assert_allclose(mc, expected_rewards(parent, depth, reward, "leaf_average"))
     leaf_means = reward[depth == levels].reshape(n_roots, -1, 2).mean(axis=1)
     np.testing.assert_allclose(mc[:n_roots], leaf_means)
+
+
+def test_module_example_runs():
+    import doctest
+
+    from nip_core import expected_reward
+
+    assert doctest.testmod(expected_reward).failed == 0
