@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from nip_core.lm_server.engines import ChatRequest
+from nip_core.lm_server.engines import ChatRequest, make_engine
 from nip_core.lm_server.engines.base import AdapterError
 from nip_core.lm_server.engines.vllm import (
     VllmEngine,
@@ -83,6 +83,8 @@ class Handler(BaseHTTPRequestHandler):
             name = body["model"]
             if name != MODEL and name not in ADAPTERS:
                 return self.error(404, f"The model `{name}` does not exist.")
+            if body.get("max_tokens", 1) < 1:
+                return self.error(400, "max_tokens must be at least 1")
             choices = [
                 {"index": i, "message": {"role": "assistant", "content": f"{name}#{i}"},
                  "finish_reason": "length" if i else "stop"}
@@ -93,6 +95,8 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/v1/load_lora_adapter":
             if name in ADAPTERS:
                 return self.error(400, f"The lora adapter '{name}' has already been loaded.")
+            if "corrupt" in body["lora_path"]:
+                return self.error(400, "Loading lora failed: No adapter found")
             ADAPTERS[name] = body["lora_path"]
             return self.send(200, f"Success: LoRA adapter '{name}' added successfully.")
         if self.path == "/v1/unload_lora_adapter":
@@ -186,10 +190,19 @@ def engine(fake_vllm: Path, tmp_path: Path):
         log_path=tmp_path / "logs" / "vllm.log",
     )
     yield eng
-    if eng._proc is not None:  # a failed test may leave vLLM running: kill its group
+    kill_leftovers(tmp_path)
+
+
+def kill_leftovers(tmp_path: Path) -> None:
+    """SIGKILL fakes and workers a failed test left running (checked by command line, not pid)."""
+    pids = [r["pid"] for r in records(tmp_path, "launch")]
+    pids += [int(f.read_text()) for f in tmp_path.glob("worker-*.pid")]
+    for pid in pids:
         try:
-            os.killpg(eng._proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if alive(pid) and (str(tmp_path).encode() in cmdline or b"sleep(300)" in cmdline):
+                os.kill(pid, signal.SIGKILL)
+        except (FileNotFoundError, ProcessLookupError):
             pass
 
 
@@ -301,11 +314,23 @@ def test_start_waits_for_health_and_chat_forwards_sampling(engine, tmp_path, mon
     run(engine, scenario)
 
 
-def test_unknown_model_is_an_adapter_error(engine) -> None:
+def test_make_engine_builds_the_vllm_engine_without_starting_it() -> None:
+    engine = make_engine("vllm", "org/base", port=8011, host="127.0.0.1")
+    assert isinstance(engine, VllmEngine) and engine.name == "vllm"
+    assert engine.config.port == 8011 and engine.status() == "not_running"
+    assert engine.models() == ["org/base"]
+
+
+def test_vllm_errors_are_mapped(engine, tmp_path) -> None:
     async def scenario() -> None:
         await engine.start()
         with pytest.raises(AdapterError, match="does not serve model 'nope'.*does not exist"):
             await engine.chat(chat("nope"))
+        with pytest.raises(ValueError, match="rejected the chat request: max_tokens must be"):
+            await engine.chat(chat("base-model", max_tokens=0))
+        with pytest.raises(AdapterError, match="could not load adapter 'c1'.*No adapter found"):
+            await engine.load_adapter("c1", str(make_adapter(tmp_path, "corrupt")))
+        assert engine.models() == ["base-model"]
 
     run(engine, scenario)
 
