@@ -1,6 +1,7 @@
 """The vLLM engine without vLLM: pure command-line checks, then a fake `vllm` executable.
 
-The fake is a small stdlib HTTP server written into tmp_path. It parses the argv the engine gives
+The fake (`tests/vllm_fake_server.py`, copied into tmp_path as `vllm`) is a stdlib HTTP server.
+It parses the argv the engine gives
 it, serves the four routes the engine uses, records every launch and request in a JSONL file, and
 starts a "worker" child (as vLLM starts its engine-core process) so that killing the whole process
 group can be checked. Environment switches make it slow to start, crash, or ignore SIGTERM.
@@ -32,87 +33,7 @@ from nip_core.lm_server.engines.vllm import (
     vllm_env,
 )
 
-FAKE_VLLM = r"""
-import json, os, signal, subprocess, sys, time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
-
-HERE = Path(__file__).parent
-ARGS = sys.argv[1:]
-MODEL, PORT, HOST = ARGS[1], int(ARGS[ARGS.index("--port") + 1]), ARGS[ARGS.index("--host") + 1]
-
-
-def record(kind, **fields):
-    with (HERE / "requests.jsonl").open("a") as fh:
-        fh.write(json.dumps({"kind": kind, "pid": os.getpid(), **fields}) + "\n")
-
-
-record("launch", argv=ARGS, lora_env=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING"))
-print(f"fake vllm: loading {MODEL}", flush=True)
-if os.environ.get("FAKE_VLLM_CRASH"):
-    print("RuntimeError: CUDA out of memory (fake)", file=sys.stderr, flush=True)
-    sys.exit(3)
-if os.environ.get("FAKE_VLLM_IGNORE_TERM"):
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-(HERE / f"worker-{os.getpid()}.pid").write_text(str(worker.pid))
-time.sleep(float(os.environ.get("FAKE_VLLM_DELAY", "0")))
-ADAPTERS = {}
-
-
-class Handler(BaseHTTPRequestHandler):
-    def send(self, code, body):
-        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def error(self, code, message):
-        self.send(code, {"error": {"message": message, "type": "Error", "code": code}})
-
-    def do_GET(self):
-        if self.path != "/v1/models":
-            return self.error(404, "Not Found")
-        self.send(200, {"object": "list", "data": [{"id": m} for m in [MODEL, *ADAPTERS]]})
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        record("post", path=self.path, body=body)
-        if self.path == "/v1/chat/completions":
-            name = body["model"]
-            if name != MODEL and name not in ADAPTERS:
-                return self.error(404, f"The model `{name}` does not exist.")
-            if body.get("max_tokens", 1) < 1:
-                return self.error(400, "max_tokens must be at least 1")
-            choices = [
-                {"index": i, "message": {"role": "assistant", "content": f"{name}#{i}"},
-                 "finish_reason": "length" if i else "stop"}
-                for i in reversed(range(body.get("n", 1)))
-            ]
-            return self.send(200, {"object": "chat.completion", "choices": choices})
-        name = body.get("lora_name")
-        if self.path == "/v1/load_lora_adapter":
-            if name in ADAPTERS:
-                return self.error(400, f"The lora adapter '{name}' has already been loaded.")
-            if "corrupt" in body["lora_path"]:
-                return self.error(400, "Loading lora failed: No adapter found")
-            ADAPTERS[name] = body["lora_path"]
-            return self.send(200, f"Success: LoRA adapter '{name}' added successfully.")
-        if self.path == "/v1/unload_lora_adapter":
-            if name not in ADAPTERS:
-                return self.error(404, f"The lora adapter '{name}' cannot be found.")
-            del ADAPTERS[name]
-            return self.send(200, f"Success: LoRA adapter '{name}' removed successfully.")
-        self.error(404, "Not Found")
-
-    def log_message(self, *args):
-        pass
-
-
-print(f"fake vllm: serving on {HOST}:{PORT}", flush=True)
-ThreadingHTTPServer((HOST, PORT), Handler).serve_forever()
-"""
+FAKE_VLLM = Path(__file__).with_name("vllm_fake_server.py")
 
 
 # ---- helpers ------------------------------------------------------------------------------
@@ -163,7 +84,7 @@ def make_adapter(root: Path, name: str, rank: int = 16, **extra) -> Path:
 @pytest.fixture
 def fake_vllm(tmp_path: Path) -> Path:
     script = tmp_path / "vllm"
-    script.write_text(f"#!{sys.executable}\n{FAKE_VLLM}")
+    script.write_text(f"#!{sys.executable}\n{FAKE_VLLM.read_text()}")
     script.chmod(0o755)
     return script
 

@@ -1,0 +1,100 @@
+"""A fake `vllm` executable for tests/test_vllm_engine.py (copied into tmp_path as `vllm`).
+
+Usage as vLLM's: `vllm serve MODEL --host H --port P ...`. Serves /v1/models, /v1/chat/completions,
+/v1/load_lora_adapter and /v1/unload_lora_adapter; records launches and requests in
+`requests.jsonl` beside itself; starts a sleeping "worker" child (as vLLM starts its engine core).
+Env switches: FAKE_VLLM_DELAY (seconds before listening), FAKE_VLLM_CRASH (exit 3 at start-up),
+FAKE_VLLM_IGNORE_TERM (ignore SIGTERM).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+HERE = Path(__file__).parent
+MODEL = ""
+ADAPTERS: dict[str, str] = {}
+
+
+def record(kind, **fields):
+    with (HERE / "requests.jsonl").open("a") as fh:
+        fh.write(json.dumps({"kind": kind, "pid": os.getpid(), **fields}) + "\n")
+
+
+class Handler(BaseHTTPRequestHandler):
+    def send(self, code, body):
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def error(self, code, message):
+        self.send(code, {"error": {"message": message, "type": "Error", "code": code}})
+
+    def do_GET(self):
+        if self.path != "/v1/models":
+            return self.error(404, "Not Found")
+        self.send(200, {"object": "list", "data": [{"id": m} for m in [MODEL, *ADAPTERS]]})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        record("post", path=self.path, body=body)
+        if self.path == "/v1/chat/completions":
+            name = body["model"]
+            if name != MODEL and name not in ADAPTERS:
+                return self.error(404, f"The model `{name}` does not exist.")
+            if body.get("max_tokens", 1) < 1:
+                return self.error(400, "max_tokens must be at least 1")
+            choices = [
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": f"{name}#{i}"},
+                    "finish_reason": "length" if i else "stop",
+                }
+                for i in reversed(range(body.get("n", 1)))
+            ]
+            return self.send(200, {"object": "chat.completion", "choices": choices})
+        name = body.get("lora_name")
+        if self.path == "/v1/load_lora_adapter":
+            if name in ADAPTERS:
+                return self.error(400, f"The lora adapter '{name}' has already been loaded.")
+            if "corrupt" in body["lora_path"]:
+                return self.error(400, "Loading lora failed: No adapter found")
+            ADAPTERS[name] = body["lora_path"]
+            return self.send(200, f"Success: LoRA adapter '{name}' added successfully.")
+        if self.path == "/v1/unload_lora_adapter":
+            if name not in ADAPTERS:
+                return self.error(404, f"The lora adapter '{name}' cannot be found.")
+            del ADAPTERS[name]
+            return self.send(200, f"Success: LoRA adapter '{name}' removed successfully.")
+        self.error(404, "Not Found")
+
+    def log_message(self, *args):
+        pass
+
+
+def main(args: list[str]) -> None:
+    global MODEL
+    MODEL, port, host = args[1], int(args[args.index("--port") + 1]), args[args.index("--host") + 1]
+    record("launch", argv=args, lora_env=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING"))
+    print(f"fake vllm: loading {MODEL}", flush=True)
+    if os.environ.get("FAKE_VLLM_CRASH"):
+        print("RuntimeError: CUDA out of memory (fake)", file=sys.stderr, flush=True)
+        sys.exit(3)
+    if os.environ.get("FAKE_VLLM_IGNORE_TERM"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    (HERE / f"worker-{os.getpid()}.pid").write_text(str(worker.pid))
+    time.sleep(float(os.environ.get("FAKE_VLLM_DELAY", "0")))
+    print(f"fake vllm: serving on {host}:{port}", flush=True)
+    ThreadingHTTPServer((host, port), Handler).serve_forever()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
