@@ -1,10 +1,10 @@
 """The vLLM engine without vLLM: pure command-line checks, then a fake `vllm` executable.
 
-The fake (`tests/vllm_fake_server.py`, copied into tmp_path as `vllm`) is a stdlib HTTP server.
-It parses the argv the engine gives
-it, serves the four routes the engine uses, records every launch and request in a JSONL file, and
-starts a "worker" child (as vLLM starts its engine-core process) so that killing the whole process
-group can be checked. Environment switches make it slow to start, crash, or ignore SIGTERM.
+The fake (`tests/vllm_fake_server.py`, copied into tmp_path as `vllm`) is a stdlib HTTP server. It
+parses the argv the engine gives it, serves the four routes the engine uses, records every launch
+and request in a JSONL file, and starts a "worker" child (as vLLM starts its engine-core process)
+so that killing the whole process group can be checked. Environment switches make it slow to
+start, crash, or ignore SIGTERM.
 """
 
 from __future__ import annotations
