@@ -418,3 +418,21 @@ def test_startup_timeout_busy_port_and_missing_executable(engine, tmp_path, monk
             await missing.start()
 
     run(engine, scenario)
+
+
+def test_an_adapter_deleted_during_training_is_dropped_on_restart(engine, tmp_path, caplog) -> None:
+    keep, gone = make_adapter(tmp_path, "keep"), make_adapter(tmp_path, "gone")
+
+    async def scenario() -> None:
+        await engine.start()
+        await engine.load_adapter("a-it1", str(keep))
+        await engine.load_adapter("b-it1", str(gone))
+        await engine.release_accelerator()
+        for file in gone.iterdir():
+            file.unlink()
+        gone.rmdir()
+        await engine.reacquire_accelerator()  # vLLM comes back even though one adapter is gone
+        assert engine.models() == ["base-model", "a-it1"]
+        assert "dropped adapter 'b-it1'" in caplog.text
+
+    run(engine, scenario)

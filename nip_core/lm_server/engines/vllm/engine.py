@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import tempfile
 import time
@@ -22,6 +23,7 @@ from nip_core.lm_server.engines.base import AdapterError, ChatChoice, ChatReques
 from nip_core.lm_server.engines.vllm.config import VllmServeConfig, adapter_rank
 from nip_core.lm_server.engines.vllm.process import VllmError, VllmProcess, port_in_use
 
+_log = logging.getLogger(__name__)
 _SAMPLING_FIELDS = ("temperature", "top_p", "max_tokens", "seed", "repetition_penalty")
 
 
@@ -198,15 +200,16 @@ class VllmEngine:
             await process.terminate(self.stop_grace)
 
     async def _reload_adapters(self) -> None:
-        failed = []
+        """Re-load remembered adapters; one that fails (say, deleted meanwhile) is dropped and
+        logged rather than raised, so a restart after training still brings vLLM back."""
         for name, path in list(self._adapters.items()):
             try:
+                if adapter_rank(path) > self.config.max_lora_rank:
+                    raise AdapterError(f"rank exceeds max_lora_rank {self.config.max_lora_rank}")
                 await self._post_load(name, path)
             except AdapterError as exc:
                 del self._adapters[name]
-                failed.append(str(exc))
-        if failed:
-            raise AdapterError("could not re-load adapters after start: " + "; ".join(failed))
+                _log.warning("vLLM: dropped adapter %r after restart: %s", name, exc)
 
     # ---- serving --------------------------------------------------------------------------
 
