@@ -1,0 +1,279 @@
+"""A self-contained HTML report of a run: metric plots, pair statistics and response trees.
+
+The page needs no network and no JavaScript: plots are PNGs embedded as base64 data URIs, trees
+are inline SVG with <title> hover text, and long texts sit in <details> elements. Everything here
+is a function from DataFrames to strings; `build_report` only gathers the tables from a RunView.
+
+    python -m flows.report artifacts/exp1 --out report.html --trees 3
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from collections.abc import Sequence
+
+import pandas as pd
+
+from nip_core.report_plots import Plot, agent_names, metric_plots
+from nip_core.report_trees import node_text, pair_roles, tree_svg, verdict
+from nip_core.run_reader import RunReadError, RunView
+
+PAIR_COLUMNS = [
+    "pairs",
+    "pairs_per_datapoint",
+    "pair_proportion",
+    "active_nodes",
+    "mean_expected_reward",
+]
+OVERVIEW_COLUMNS = {
+    "datapoints": "datapoints",
+    "nodes": "nodes",
+    "rollouts": "rollouts",
+    "mean_episode_rounds": "mean rounds",
+    "failures": "failures",
+    "verifier.accuracy": "accuracy",
+    "verifier.precision": "precision",
+    "verifier.recall": "recall",
+    "verifier.decision_rate": "decision rate",
+}
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:24px auto;max-width:1360px;color:#222;padding:0 16px}
+h1{margin-bottom:4px}h2{border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:32px}
+.muted{color:#666}.plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:12px}
+figure{margin:0;border:1px solid #e4e4e4;border-radius:6px;padding:6px;background:#fff}
+figure img{width:100%;height:auto}figcaption{font-size:13px;color:#555}
+table{border-collapse:collapse;font-size:13px;margin:8px 0}
+th,td{border:1px solid #ddd;padding:3px 8px;text-align:right;vertical-align:top}
+th{background:#f4f4f4}td.text,th.text{text-align:left;white-space:pre-wrap;max-width:640px}
+.trees{display:flex;flex-wrap:wrap;gap:16px;align-items:flex-start}
+.tree{border:1px solid #e4e4e4;border-radius:6px;padding:6px;overflow-x:auto;max-width:100%}
+.chosen{color:#1a9641;font-weight:bold}.rejected{color:#d7191c;font-weight:bold}
+pre{white-space:pre-wrap;background:#f8f8f8;padding:8px;font-size:12px}
+"""
+
+
+def png_img(plot: Plot) -> str:
+    """An <img> with the PNG inline as a data URI (no file, no network)."""
+    data = base64.b64encode(plot.png).decode("ascii")
+    alt = html.escape(plot.title)
+    return (
+        f'<figure><img alt="{alt}" src="data:image/png;base64,{data}">'
+        f"<figcaption>{alt}</figcaption></figure>"
+    )
+
+
+def _cell(value: object) -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return "&ndash;"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return html.escape(str(value))
+
+
+def html_table(frame: pd.DataFrame, text_columns: Sequence[str] = ()) -> str:
+    """A plain HTML table; floats to 3 decimals, missing values as a dash, text escaped."""
+    text_class = ' class="text"'
+    head = "".join(
+        f"<th{text_class if c in text_columns else ''}>{html.escape(str(c))}</th>"
+        for c in frame.columns
+    )
+    rows = []
+    for record in frame.itertuples(index=False):
+        cells = []
+        for column, value in zip(frame.columns, record, strict=True):
+            css = text_class if column in text_columns else ""
+            cells.append(f"<td{css}>{_cell(value)}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+def overview_table(stats: pd.DataFrame) -> pd.DataFrame:
+    """One row per iteration: size of the trees and the verifier's training-rollout metrics."""
+    columns = {"iteration": "iteration"} | {
+        c: label for c, label in OVERVIEW_COLUMNS.items() if c in stats.columns
+    }
+    return stats[list(columns)].rename(columns=columns)
+
+
+def pair_stats_table(stats: pd.DataFrame) -> pd.DataFrame:
+    """One row per (iteration, agent) with the pair statistics of the manifest."""
+    rows = []
+    for record in stats.to_dict("records"):
+        for agent in agent_names(stats):
+            row = {"iteration": record["iteration"], "agent": agent}
+            row |= {m: record.get(f"agents.{agent}.{m}") for m in PAIR_COLUMNS}
+            rows.append(row)
+    return pd.DataFrame(rows, columns=["iteration", "agent", *PAIR_COLUMNS])
+
+
+def pick_trees(nodes: pd.DataFrame, pairs: pd.DataFrame, count: int) -> list[int]:
+    """Batch indexes of the `count` trees with the most pairs (then the largest, then first)."""
+    if count <= 0 or nodes.empty:
+        return []
+    sizes = nodes.groupby("batch_index").size().rename("nodes")
+    node_tree = dict(zip(nodes["node_id"], nodes["batch_index"], strict=True))
+    pair_trees = pairs["parent_node_id"].map(node_tree) if not pairs.empty else pd.Series([])
+    counts = pair_trees.value_counts().reindex(sizes.index, fill_value=0).rename("pairs")
+    ranked = pd.concat([counts, sizes], axis=1).reset_index()
+    ranked = ranked.sort_values(["pairs", "nodes", "batch_index"], ascending=[False, False, True])
+    return [int(b) for b in ranked["batch_index"].head(count)]
+
+
+def value_ranges(rewards: pd.DataFrame) -> dict[str, tuple[float, float]]:
+    """agent -> (min, max) expected reward over the iteration: one colour scale per agent."""
+    ranges = {}
+    for agent, values in rewards.groupby("agent")["expected_reward"]:
+        low, high = float(values.min()), float(values.max())
+        ranges[str(agent)] = (low, high if high > low else low + 1.0)
+    return ranges
+
+
+def expected_by_agent(rewards: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """agent -> node id -> expected reward."""
+    return {
+        str(agent): dict(zip(group["node_id"], group["expected_reward"], strict=True))
+        for agent, group in rewards.groupby("agent")
+    }
+
+
+def tree_message_table(
+    tree_nodes: pd.DataFrame,
+    expected: dict[str, dict[str, float]],
+    pairs: pd.DataFrame,
+) -> pd.DataFrame:
+    """The side table of one tree: per node its messages, verdict, and per agent the expected
+    reward and pair role."""
+    roles = {agent: pair_roles(pairs, agent) for agent in expected}
+    rows = []
+    for row in tree_nodes.to_dict("records"):
+        nid = row["node_id"]
+        entry = {"node": nid, "round": row["round"], "messages": node_text(row) or "(root)"}
+        entry["verdict"] = verdict(row)
+        for agent in expected:
+            entry[f"E[{agent}]"] = expected[agent].get(nid)
+            entry[f"{agent} pair"] = roles[agent].get(nid)
+        rows.append(entry)
+    return pd.DataFrame(rows)
+
+
+def _role_markup(table_html: str) -> str:
+    for role in ("chosen", "rejected"):
+        table_html = table_html.replace(f"<td>{role}</td>", f'<td class="{role}">{role}</td>')
+    return table_html
+
+
+def tree_section(
+    batch_row: dict,
+    tree_nodes: pd.DataFrame,
+    rewards: pd.DataFrame,
+    pairs: pd.DataFrame,
+    ranges: dict[str, tuple[float, float]],
+) -> str:
+    """One datapoint: the problem (collapsed), one drawing per agent, the messages table."""
+    b = int(batch_row["batch_index"])
+    label = "correct" if batch_row["y"] == 1 else "buggy"
+    expected = expected_by_agent(rewards)
+    drawings = []
+    for agent in sorted(expected):
+        svg = tree_svg(
+            tree_nodes,
+            expected[agent],
+            pair_roles(pairs, agent),
+            agent,
+            ranges[agent],
+            f"t{b}-{agent}",
+        )
+        drawings.append(
+            f'<div class="tree"><div class="muted">coloured by {html.escape(agent)}</div>{svg}</div>'
+        )
+    table = tree_message_table(tree_nodes, expected, pairs)
+    return (
+        f'<h3 id="tree-b{b}">Tree b{b}: datapoint {batch_row["datapoint_id"]} '
+        f'<span class="muted">(solution is {label})</span></h3>'
+        f"<details><summary>problem and proposed solution</summary>"
+        f"<pre>{html.escape(str(batch_row['question']))}</pre>"
+        f"<pre>{html.escape(str(batch_row['solution']))}</pre></details>"
+        f'<div class="trees">{"".join(drawings)}</div>'
+        f"<details open><summary>messages by node</summary>"
+        f"{_role_markup(html_table(table, text_columns=['messages']))}</details>"
+    )
+
+
+def report_html(
+    run_name: str,
+    stats: pd.DataFrame,
+    plots: Sequence[Plot],
+    trees_html: str,
+    tree_iteration: int | None,
+    models: dict[int, dict[str, str]] | None = None,
+) -> str:
+    """Assemble the page from its parts."""
+    iterations = stats["iteration"].tolist() if not stats.empty else []
+    overview = overview_table(stats) if not stats.empty else pd.DataFrame()
+    models_html = ""
+    if models:
+        frame = pd.DataFrame([{"iteration": i, **groups} for i, groups in sorted(models.items())])
+        models_html = "<h3>Models after each iteration</h3>" + html_table(frame)
+    trees_title = "Response trees" + (
+        f" (iteration {tree_iteration})" if tree_iteration is not None else ""
+    )
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>MALT run {html.escape(run_name)}</title><style>{CSS}</style></head><body>"
+        f"<h1>MALT run <code>{html.escape(run_name)}</code></h1>"
+        f'<p class="muted">{len(iterations)} iteration(s): {html.escape(str(iterations))}. '
+        "Hover a tree node for its messages.</p>"
+        '<p><a href="#metrics">metrics</a> · <a href="#overview">overview</a> · '
+        '<a href="#pairs">pair statistics</a> · <a href="#trees">response trees</a></p>'
+        '<h2 id="metrics">Metrics over iterations</h2>'
+        f'<div class="plots">{"".join(png_img(p) for p in plots)}</div>'
+        f'<h2 id="overview">Overview</h2>{html_table(overview)}{models_html}'
+        f'<h2 id="pairs">Pair statistics</h2>{html_table(pair_stats_table(stats))}'
+        f'<h2 id="trees">{trees_title}</h2>'
+        '<p class="muted">Node fill: the agent\'s expected reward. Green solid outline and '
+        "\u2713 on the edge: chosen response of a preference pair; red dashed outline and "
+        "\u2717: rejected response. Letters: the verifier's verdict (A accept, R reject) or T "
+        "(terminated).</p>"
+        f"{trees_html or '<p>No trees.</p>'}</body></html>"
+    )
+
+
+def _pairs_or_empty(run: RunView, iteration: int) -> pd.DataFrame:
+    try:
+        return run.pairs(iteration)
+    except RunReadError:  # expert-iteration iterations have no pairs
+        return pd.DataFrame(
+            columns=["agent", "parent_node_id", "chosen_node_id", "rejected_node_id"]
+        )
+
+
+def build_report(run: RunView, trees: int = 3, iteration: int | None = None) -> str:
+    """The report of `run`, drawing `trees` trees of `iteration` (default: the latest one whose
+    rewards are written)."""
+    stats = run.stats
+    models = {i: run.manifest(i).get("models_after") or {} for i in run.iterations}
+    models = {i: m for i, m in models.items() if m}
+    if iteration is None:
+        done = [i for i in run.iterations if "rewards" in run.manifest(i).get("stages", {})]
+        iteration = done[-1] if done else None
+    sections = []
+    if iteration is not None and trees > 0:
+        nodes, rewards = run.nodes(iteration), run.rewards(iteration)
+        pairs = _pairs_or_empty(run, iteration)
+        batch = run.batch(iteration).set_index("batch_index", drop=False)
+        ranges = value_ranges(rewards)
+        for b in pick_trees(nodes, pairs, trees):
+            tree_nodes = nodes[nodes["batch_index"] == b]
+            ids = set(tree_nodes["node_id"])
+            sections.append(
+                tree_section(
+                    batch.loc[b].to_dict(),
+                    tree_nodes,
+                    rewards[rewards["node_id"].isin(ids)],
+                    pairs[pairs["parent_node_id"].isin(ids)],
+                    ranges,
+                )
+            )
+    return report_html(run.name, stats, metric_plots(stats), "".join(sections), iteration, models)
