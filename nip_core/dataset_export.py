@@ -123,6 +123,13 @@ def select_rollouts(rewards: np.ndarray, ei, rng: np.random.Generator) -> np.nda
     weights = weights + ei.weighting_epsilon / n
     weights = weights / weights.sum()
     size = int(round(n * ei.weighting_sample_size_factor))
+    if not ei.weighting_use_replacement and size > np.count_nonzero(weights):
+        raise ValueError(
+            f"weighted sampling without replacement cannot draw {size} of {n} rollouts "
+            f"({np.count_nonzero(weights)} with non-zero weight); lower "
+            "weighting_sample_size_factor, raise weighting_epsilon or set "
+            "weighting_use_replacement"
+        )
     return np.sort(rng.choice(n, size=size, replace=ei.weighting_use_replacement, p=weights))
 
 
