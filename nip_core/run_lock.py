@@ -1,0 +1,204 @@
+"""One writer per run folder: `<run_dir>/.lock`, created atomically, removed on exit.
+
+    with run_lock(paths.run_dir, local=paths.is_local):
+        ...  # write the run's artifacts
+
+Two processes writing the same run folder would interleave manifests and shards. The lock file
+records who holds it (pid, hostname, process start time); a second run refuses to start while
+that process is alive, and takes over a lock left behind by a process that died (SIGKILL, OOM).
+Object-store roots cannot be locked this way and are not locked (see the debug log).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from nip_core.artifacts import RunPaths
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = ".lock"
+# An unreadable lock younger than this may still be being written by its creator.
+UNREADABLE_GRACE_S = 5.0
+
+
+class RunLockedError(RuntimeError):
+    """The run folder is held by another live process."""
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """Who holds a run folder: written as JSON into the lock file."""
+
+    pid: int
+    hostname: str
+    started: float  # time.time() when the lock was taken
+    proc_start: int | None  # kernel start tick of the holder, tells a reused pid apart
+    token: str  # unique per acquisition, so we only ever delete our own lock
+
+    def describe(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
+        return f"pid {self.pid} on {self.hostname} (since {when})"
+
+
+def process_start_tick(pid: int) -> int | None:
+    """Start time of `pid` in clock ticks since boot (Linux /proc), or None where unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 22; the command name (field 2) may contain spaces, so split after its ')'.
+    fields = stat.rsplit(")", 1)[-1].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def holder_alive(info: LockInfo) -> bool:
+    """Whether the lock's holder still runs; a different host counts as alive (cannot check)."""
+    if info.hostname != socket.gethostname():
+        return True
+    if not pid_alive(info.pid):
+        return False
+    current = process_start_tick(info.pid)
+    return info.proc_start is None or current is None or current == info.proc_start
+
+
+def read_lock(lock: Path) -> LockInfo | None:
+    """The lock's content, or None when it is missing or unreadable."""
+    try:
+        data = json.loads(lock.read_text())
+        return LockInfo(**data)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _new_info() -> LockInfo:
+    pid = os.getpid()
+    return LockInfo(
+        pid=pid,
+        hostname=socket.gethostname(),
+        started=time.time(),
+        proc_start=process_start_tick(pid),
+        token=uuid.uuid4().hex,
+    )
+
+
+def _try_create(lock: Path, info: LockInfo) -> bool:
+    """Create the lock file atomically (O_EXCL); False if it already exists."""
+    try:
+        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(asdict(info)))
+        f.flush()
+        os.fsync(f.fileno())
+    return True
+
+
+def _locked_error(lock: Path, holder: LockInfo | None) -> RunLockedError:
+    who = holder.describe() if holder else "a process that is still writing the lock file"
+    return RunLockedError(
+        f"run folder {lock.parent} is in use by {who}; wait for that run to finish or use "
+        f"another run name (if that process is gone for good, delete {lock})"
+    )
+
+
+def _take_over_stale(lock: Path, seen: LockInfo | None) -> None:
+    """Remove a stale lock, unless someone replaced it since we read it (then: locked)."""
+    aside = lock.with_name(f"{LOCK_NAME}.stale-{uuid.uuid4().hex}")
+    try:
+        os.rename(lock, aside)
+    except FileNotFoundError:
+        return  # another process removed it first; just retry creating ours
+    moved = read_lock(aside)
+    if moved != seen:  # we moved a fresh lock of a live process: put it back
+        with contextlib.suppress(FileExistsError):
+            os.link(aside, lock)
+        aside.unlink(missing_ok=True)
+        raise _locked_error(lock, moved)
+    aside.unlink(missing_ok=True)
+    who = seen.describe() if seen else "an unreadable lock file"
+    log.warning("taking over the stale lock of %s on %s: that process is gone", who, lock.parent)
+
+
+def _is_stale(lock: Path, holder: LockInfo | None) -> bool:
+    if holder is not None:
+        return not holder_alive(holder)
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return True
+    return age > UNREADABLE_GRACE_S
+
+
+def acquire(run_dir: str | os.PathLike, attempts: int = 5) -> tuple[Path, LockInfo]:
+    """Take the run folder's lock (creating the folder); raises RunLockedError if held."""
+    folder = Path(run_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / LOCK_NAME
+    info = _new_info()
+    for _ in range(attempts):
+        if _try_create(lock, info):
+            return lock, info
+        holder = read_lock(lock)
+        if not _is_stale(lock, holder):
+            raise _locked_error(lock, holder)
+        _take_over_stale(lock, holder)
+    raise RunLockedError(f"could not take the lock {lock}: it keeps changing hands")
+
+
+def release(lock: Path, info: LockInfo) -> None:
+    """Delete the lock if it is still ours (never someone else's)."""
+    current = read_lock(lock)
+    if current is not None and current.token == info.token:
+        lock.unlink(missing_ok=True)
+    else:
+        log.warning("lock %s no longer belongs to this run; left in place", lock)
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: str | os.PathLike, *, local: bool = True) -> Iterator[Path | None]:
+    """Hold `<run_dir>/.lock` for the duration of the block; yields the lock path.
+
+    `local=False` (object-store roots: no atomic exclusive create there) skips locking and
+    yields None.
+    """
+    if not local:
+        log.debug("run folder %s is not on a local filesystem: not locked", run_dir)
+        yield None
+        return
+    lock, info = acquire(run_dir)
+    try:
+        yield lock
+    finally:
+        release(lock, info)
+
+
+def lock_run_folder(paths: RunPaths) -> contextlib.AbstractContextManager[Path | None]:
+    """`run_lock` for a run's folder (skipped on object stores)."""
+    return run_lock(paths.run_dir, local=paths.is_local)
