@@ -31,6 +31,7 @@ from nip_core.model_groups import (
     job_suffix,
 )
 from tasks.common import run_stage
+from tasks.retry import retry_transient_only
 
 log = logging.getLogger(__name__)
 POLL_START, POLL_MAX = 1.0, 30.0
@@ -140,11 +141,21 @@ def switch_models(paths: RunPaths, context: IterationContext) -> dict[str, str]:
     return models
 
 
-@task(name="fine-tune", retries=2, retry_delay_seconds=[10, 60])
+@task(
+    name="fine-tune",
+    retries=2,
+    retry_delay_seconds=[10, 60],
+    retry_condition_fn=retry_transient_only,
+)
 def fine_tune_task(paths: RunPaths, context: IterationContext) -> dict:
     return fine_tune(paths, context)["info"]
 
 
-@task(name="switch-model", retries=2, retry_delay_seconds=[5, 30])
+@task(
+    name="switch-model",
+    retries=2,
+    retry_delay_seconds=[5, 30],
+    retry_condition_fn=retry_transient_only,
+)
 def switch_model_task(paths: RunPaths, context: IterationContext) -> dict[str, str]:
     return switch_models(paths, context)
