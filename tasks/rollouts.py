@@ -27,6 +27,8 @@ from nip_core.call_journal import JournaledClient
 from nip_core.iteration_context import IterationContext
 from nip_core.rollout_tree import RolloutSettings, batch_items, grow_trees
 from tasks.common import run_stage
+from tasks.progress import rollout_progress
+from tasks.retry import retry_transient_only
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +133,15 @@ def grow_all_trees(paths: RunPaths, context: IterationContext, progress=None) ->
     return run_stage(paths, context, "rollouts", compute)
 
 
-@task(name="generate-rollouts")
+# Model calls touch the network: a transient failure retries the stage, which resumes from the
+# finished shards and the call journal, so no completed call is paid for twice.
+@task(
+    name="generate-rollouts",
+    retries=2,
+    retry_delay_seconds=[10, 60],
+    retry_condition_fn=retry_transient_only,
+)
 def generate_rollouts_task(paths: RunPaths, context: IterationContext) -> str:
-    grow_all_trees(paths, context)
+    with rollout_progress(context) as progress:
+        grow_all_trees(paths, context, progress=progress)
     return paths.iteration_file(context.iteration, "nodes.parquet")

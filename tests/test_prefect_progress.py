@@ -1,0 +1,137 @@
+"""Rollout progress: call counting across interleaved shards, throttling, terminal bar, artifact.
+
+pytest tests/test_prefect_progress.py
+"""
+
+import asyncio
+import io
+
+from prefect import flow
+from prefect.artifacts import Artifact
+from rich.console import Console
+
+from tasks.progress import ProgressArtifact, RolloutProgress
+
+
+class FakeClock:
+    def __init__(self, step: float) -> None:
+        self.now, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+class RecordingArtifact:
+    def __init__(self) -> None:
+        self.updates: list[tuple[float, str]] = []
+
+    def set(self, percent: float, description: str) -> None:
+        self.updates.append((percent, description))
+
+
+def two_shards_two_levels() -> list[tuple[int, int, int]]:
+    """Shard A: levels of 2 then 4 calls; shard B: 3 then 1; interleaved as asyncio would."""
+    a0 = [(0, i, 2) for i in (1, 2)]
+    b0 = [(0, i, 3) for i in (1, 2, 3)]
+    a1 = [(1, i, 4) for i in (1, 2, 3, 4)]
+    b1 = [(1, 1, 1)]
+    return [a0[0], b0[0], b0[1], a0[1], a1[0], b0[2], a1[1], b1[0], a1[2], a1[3]]
+
+
+def test_counts_calls_and_known_total_across_interleaved_shards():
+    artifact = RecordingArtifact()
+    reporter = RolloutProgress(
+        "it 0", rounds=2, artifact=artifact, console=Console(file=io.StringIO()), min_interval=0
+    )
+    seen_known = []
+    for event in two_shards_two_levels():
+        reporter(*event)
+        seen_known.append(reporter.calls_known)
+    assert reporter.calls_done == 10
+    assert seen_known == [2, 5, 5, 5, 9, 9, 9, 10, 10, 10]
+    percents = [p for p, _ in artifact.updates]
+    assert percents == sorted(percents) and max(percents) < 100  # monotonic, not done yet
+    reporter.close()
+    assert artifact.updates[-1][0] == 100.0
+    assert "10/10 calls known so far" in artifact.updates[-1][1]
+
+
+def test_artifact_updates_are_throttled():
+    artifact = RecordingArtifact()
+    clock = FakeClock(step=0.05)  # two clock reads per call: ~0.1 s per call
+    reporter = RolloutProgress(
+        "it 0",
+        rounds=3,
+        artifact=artifact,
+        console=Console(file=io.StringIO()),
+        min_interval=0.5,
+        clock=clock,
+    )
+    for i in range(1, 101):
+        reporter(0, i, 100)
+    # 100 calls over ~10 s at <= 2 updates/s: about 20 updates, never one per call.
+    assert 10 <= len(artifact.updates) <= 25
+    rate = reporter.calls_per_second()
+    assert 5 < rate < 20
+
+
+def test_terminal_bar_shows_calls_and_rate():
+    out = io.StringIO()
+    reporter = RolloutProgress(
+        "iteration 3 rollouts", rounds=2, console=Console(file=out, force_terminal=True, width=120)
+    )
+    for event in two_shards_two_levels():
+        reporter(*event)
+    reporter.close()
+    text = out.getvalue()
+    assert "iteration 3 rollouts" in text
+    assert "10/10" in text and "calls/s" in text
+
+
+def test_stopped_run_is_not_reported_complete_and_idle_run_shows_nothing():
+    artifact = RecordingArtifact()
+    reporter = RolloutProgress("x", rounds=4, artifact=artifact, console=Console(file=io.StringIO()))
+    reporter(0, 1, 8)
+    reporter.close(finished=False)
+    assert artifact.updates[-1][0] < 100 and "stopped" in artifact.updates[-1][1]
+
+    idle_out, idle = io.StringIO(), RecordingArtifact()
+    RolloutProgress("y", rounds=4, artifact=idle, console=Console(file=idle_out)).close()
+    assert idle.updates == [] and idle_out.getvalue() == ""
+
+
+def test_progress_artifact_is_a_no_op_outside_prefect():
+    artifact = ProgressArtifact("some-run-progress", "desc")
+    assert artifact.enabled is False
+    artifact.set(50.0, "half")  # no API call, no error
+    assert artifact.artifact_id is None
+
+
+def test_progress_artifact_inside_a_flow_from_the_event_loop(prefect_harness):
+    """The callback runs inside asyncio (like grow_trees) and still updates the artifact."""
+
+    @flow
+    def grow() -> None:
+        reporter = RolloutProgress(
+            "it 0",
+            rounds=2,
+            artifact=ProgressArtifact("h1-progress-test-rollouts", "it 0"),
+            console=Console(file=io.StringIO()),
+            min_interval=0,
+        )
+
+        async def calls() -> None:
+            for event in two_shards_two_levels():
+                reporter(*event)
+                await asyncio.sleep(0)
+
+        asyncio.run(calls())
+        assert reporter.artifact.enabled, "artifact updates failed inside the event loop"
+        reporter.close()
+
+    grow()
+    stored = Artifact.get("h1-progress-test-rollouts")
+    assert stored is not None and stored.type == "progress"
+    assert float(stored.data) == 100.0
+    assert "10/10 calls" in stored.description
