@@ -215,6 +215,15 @@ class SharedModelGroup:
             "learning_rate": self.rl_learning_rate,
         }
 
+    def _api(self) -> Any:
+        """The fine-tuning client, or a clear error when the group was built without one."""
+        if self.client is None:
+            raise FineTuneJobError(
+                f"group {self.name}: no fine-tuning client (model provider "
+                f"{self.params.model_provider!r}, use_dummy_api={self.params.use_dummy_api})"
+            )
+        return self.client
+
     async def find_job(self, key: str) -> str | None:
         """The id of an existing job created with this idempotency key, if any."""
         if self.client is None:
@@ -246,8 +255,9 @@ class SharedModelGroup:
             log.info("group %s: re-attaching to existing job %s (%s)", self.name, existing, key)
             self.state.fine_tune_job_id = existing
             return existing
+        client = self._api()
         upload = await with_backoff(
-            lambda: self.client.files.create(
+            lambda: client.files.create(
                 file=(f"{suffix}.jsonl", io.BytesIO(jsonl)), purpose="fine-tune"
             )
         )
@@ -261,13 +271,14 @@ class SharedModelGroup:
         }
         if self.params.model_provider == "SelfHosted":
             request["extra_body"] = {"nip_training": self._training_extension()}
-        job = await with_backoff(lambda: self.client.fine_tuning.jobs.create(**request))
+        job = await with_backoff(lambda: client.fine_tuning.jobs.create(**request))
         self.state.fine_tune_job_id = job.id
         return job.id
 
     async def _job(self):
+        client = self._api()
         return await with_backoff(
-            lambda: self.client.fine_tuning.jobs.retrieve(self.state.fine_tune_job_id)
+            lambda: client.fine_tuning.jobs.retrieve(self.state.fine_tune_job_id)
         )
 
     async def get_fine_tune_job_status(self) -> JobStatus:

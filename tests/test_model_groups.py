@@ -1,0 +1,359 @@
+"""Shared model groups against a fake async fine-tuning client (no network)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from types import SimpleNamespace
+
+import httpx
+import openai
+import pytest
+
+from nip_core import model_groups as mg
+from nip_core.model_groups import (
+    DUMMY_JOB_ID,
+    FROZEN_JOB_ID,
+    INSUFFICIENT_DATA_JOB_ID,
+    FineTuneJobError,
+    GroupState,
+    SharedModelGroup,
+    build_groups,
+    fine_tuning_client,
+    job_key,
+    job_suffix,
+)
+from nip_core.parameters.agents import PureTextAgentParameters
+
+BASE = "gpt-4o-mini-2024-07-18"
+
+
+def _http_error(cls, status: int):
+    request = httpx.Request("GET", "https://api.example/v1/fine_tuning/jobs")
+    return cls("fake error", response=httpx.Response(status, request=request), body=None)
+
+
+class FakeJobs:
+    def __init__(self) -> None:
+        self.jobs: dict[str, SimpleNamespace] = {}
+        self.created: list[dict] = []
+        self.list_calls: list[dict] = []
+        self.fail_next_list: list[Exception] = []
+
+    async def list(self, **kwargs):
+        self.list_calls.append(kwargs)
+        if self.fail_next_list:
+            raise self.fail_next_list.pop(0)
+        return SimpleNamespace(data=list(self.jobs.values()))  # ignores the filter on purpose
+
+    async def create(self, **request):
+        self.created.append(request)
+        job = SimpleNamespace(
+            id=f"ftjob-{len(self.jobs) + 1}",
+            status="queued",
+            metadata=request.get("metadata"),
+            fine_tuned_model=None,
+            error=None,
+        )
+        self.jobs[job.id] = job
+        return job
+
+    async def retrieve(self, job_id: str):
+        if job_id not in self.jobs:
+            raise _http_error(openai.NotFoundError, 404)
+        return self.jobs[job_id]
+
+
+class FakeFiles:
+    def __init__(self) -> None:
+        self.uploads: list[tuple[str, bytes, str]] = []
+
+    async def create(self, *, file, purpose):
+        name, handle = file
+        self.uploads.append((name, handle.read(), purpose))
+        return SimpleNamespace(id=f"file-{len(self.uploads)}")
+
+
+class FakeClient:
+    def __init__(self) -> None:
+        self.fine_tuning = SimpleNamespace(jobs=FakeJobs())
+        self.files = FakeFiles()
+
+    @property
+    def jobs(self) -> FakeJobs:
+        return self.fine_tuning.jobs
+
+
+def params(**changes) -> PureTextAgentParameters:
+    return replace(PureTextAgentParameters(model_name=BASE), **changes)
+
+
+def group(client=None, agents=("verifier",), **changes) -> SharedModelGroup:
+    return SharedModelGroup(
+        "grp",
+        {a: params(**changes) for a in agents},
+        rl_num_epochs=2,
+        rl_learning_rate=3e-5,
+        client=client,
+    )
+
+
+def create(g: SharedModelGroup, rows: int = 12, method="dpo", key="run/0000/grp", suffix="s"):
+    return asyncio.run(g.create_fine_tune_job(method, b'{"a": 1}\n', rows, key=key, suffix=suffix))
+
+
+# ---------------------------------------------------------------- local job ids
+
+
+def test_frozen_group_gets_frozen_job_without_api_calls():
+    client = FakeClient()
+    g = group(client, freeze_agent=True)
+    assert not g.is_trainable
+    assert create(g, rows=0) == FROZEN_JOB_ID
+    assert g.get_state()["fine_tune_job_id"] == FROZEN_JOB_ID
+    assert client.jobs.created == [] and client.files.uploads == [] and client.jobs.list_calls == []
+
+
+@pytest.mark.parametrize(
+    ("provider", "rows", "expected"),
+    [("OpenAI", 9, True), ("OpenAI", 10, False), ("SelfHosted", 0, True), ("SelfHosted", 1, False)],
+)
+def test_too_few_examples_give_insufficient_data_job(provider, rows, expected):
+    client = FakeClient()
+    g = group(client, model_provider=provider)
+    job = create(g, rows=rows)
+    assert (job == INSUFFICIENT_DATA_JOB_ID) == expected
+    assert (client.jobs.created == []) == expected
+    if expected:
+        assert g.state.skip_reason == f"{rows} examples < {g.min_examples} required"
+
+
+def test_dummy_api_gets_dummy_job_after_the_data_check():
+    g = group(None, use_dummy_api=True)
+    assert create(g, rows=3) == INSUFFICIENT_DATA_JOB_ID
+    assert create(g, rows=10) == DUMMY_JOB_ID
+
+
+# ---------------------------------------------------------------- job submission
+
+
+def test_create_uploads_the_data_and_submits_a_tagged_job():
+    client = FakeClient()
+    g = group(client, num_epochs=3, dpo_beta=0.2)
+    job_id = create(g, rows=12, key="run/0002/grp", suffix="run-it2-grp")
+    assert job_id == "ftjob-1" and g.state.fine_tune_job_id == job_id
+    assert client.files.uploads == [("run-it2-grp.jsonl", b'{"a": 1}\n', "fine-tune")]
+    (request,) = client.jobs.created
+    assert request["model"] == BASE and request["training_file"] == "file-1"
+    assert request["method"] == {
+        "type": "dpo",
+        "dpo": {"hyperparameters": {"n_epochs": 3, "beta": 0.2}},
+    }
+    assert request["suffix"] == "run-it2-grp"
+    assert request["metadata"] == {"nip_job_key": "run/0002/grp", "nip_group": "grp"}
+    assert "extra_body" not in request  # OpenAI gets no LoRA options
+
+
+def test_self_hosted_job_carries_lora_options_and_batch_size():
+    client = FakeClient()
+    g = group(client, model_provider="SelfHosted", lora_rank=16, lora_alpha_scale=2.0)
+    create(g, rows=1, method="supervised")
+    (request,) = client.jobs.created
+    assert request["method"] == {
+        "type": "supervised",
+        "supervised": {"hyperparameters": {"n_epochs": 2, "batch_size": 2}},
+    }
+    extension = request["extra_body"]["nip_training"]
+    assert extension["lora_alpha"] == 32.0 and extension["lora_rank"] == 16
+    assert extension["learning_rate"] == 3e-5
+
+
+def test_continued_training_starts_from_the_current_model():
+    client = FakeClient()
+    g = group(client, fine_tune_from_scratch=False)
+    g.set_state({"fine_tuned_model_name": "ft:previous"})
+    create(g)
+    assert client.jobs.created[0]["model"] == "ft:previous"
+    scratch = group(client)
+    scratch.set_state({"fine_tuned_model_name": "ft:previous"})
+    create(scratch, key="other")
+    assert client.jobs.created[1]["model"] == BASE
+
+
+def test_a_restarted_group_reattaches_to_its_job():
+    client = FakeClient()
+    first = create(group(client), key="run/0001/grp")
+    other = create(group(client), key="run/0001/other")  # a job with another key
+    assert other != first
+    restarted = group(client)  # fresh state, as after a crash
+    assert create(restarted, key="run/0001/grp") == first
+    assert restarted.state.fine_tune_job_id == first
+    assert len(client.jobs.created) == 2 and len(client.files.uploads) == 2
+    assert client.jobs.list_calls[-1]["metadata"] == {"nip_job_key": "run/0001/grp"}
+
+
+def test_transient_errors_are_retried(monkeypatch):
+    monkeypatch.setattr(mg.random, "random", lambda: 0.0)  # no back-off delay
+    client = FakeClient()
+    client.jobs.fail_next_list = [
+        _http_error(openai.RateLimitError, 429),
+        _http_error(openai.InternalServerError, 500),
+    ]
+    assert create(group(client)) == "ftjob-1"
+    assert len(client.jobs.list_calls) == 3
+
+
+def test_permanent_errors_propagate(monkeypatch):
+    monkeypatch.setattr(mg.random, "random", lambda: 0.0)
+    client = FakeClient()
+    client.jobs.fail_next_list = [_http_error(openai.BadRequestError, 400)]
+    with pytest.raises(openai.BadRequestError):
+        create(group(client))
+    assert len(client.jobs.list_calls) == 1 and client.jobs.created == []
+
+
+# ---------------------------------------------------------------- status and switching
+
+
+def status(g: SharedModelGroup) -> str:
+    return asyncio.run(g.get_fine_tune_job_status())
+
+
+@pytest.mark.parametrize(
+    ("remote", "expected"),
+    [
+        ("validating_files", "pending"),
+        ("queued", "pending"),
+        ("running", "running"),
+        ("succeeded", "succeeded"),
+        ("failed", "failed"),
+        ("cancelled", "cancelled"),
+    ],
+)
+def test_remote_status_mapping(remote, expected):
+    client = FakeClient()
+    g = group(client)
+    create(g)
+    client.jobs.jobs["ftjob-1"].status = remote
+    assert status(g) == expected
+    failed = asyncio.run(g.fine_tune_job_failed())
+    assert failed == (expected in ("failed", "cancelled"))
+
+
+def test_unknown_missing_and_local_statuses():
+    client = FakeClient()
+    g = group(client)
+    with pytest.raises(FineTuneJobError, match="has no fine-tune job"):
+        status(g)
+    create(g)
+    client.jobs.jobs["ftjob-1"].status = "paused"
+    with pytest.raises(FineTuneJobError, match="unknown status 'paused'"):
+        status(g)
+    g.set_state({"fine_tune_job_id": "ftjob-gone"})
+    assert status(g) == "not_found" and asyncio.run(g.fine_tune_job_failed())
+    for local in (FROZEN_JOB_ID, DUMMY_JOB_ID, INSUFFICIENT_DATA_JOB_ID):
+        g.set_state({"fine_tune_job_id": local})
+        assert status(g) == "succeeded"
+        assert asyncio.run(g.get_fine_tune_job_error_repr()) == "no error"
+
+
+def test_error_repr():
+    client = FakeClient()
+    g = group(client)
+    create(g)
+    job = client.jobs.jobs["ftjob-1"]
+    job.status = "failed"
+    assert "has status failed and no error message" in asyncio.run(g.get_fine_tune_job_error_repr())
+    job.error = SimpleNamespace(code="invalid_file", message="bad line 3", param="training_file")
+    assert asyncio.run(g.get_fine_tune_job_error_repr()) == (
+        "Code: invalid_file. Message: bad line 3. Parameter: training_file."
+    )
+    job.error = SimpleNamespace(code="x", message="y", param=None)
+    assert asyncio.run(g.get_fine_tune_job_error_repr()) == "Code: x. Message: y."
+
+
+def switch(g: SharedModelGroup, iteration: int = 4) -> str:
+    return asyncio.run(g.switch_to_next_model(iteration))
+
+
+def test_switch_to_next_model_for_each_kind_of_job():
+    client = FakeClient()
+    g = group(client)
+    with pytest.raises(FineTuneJobError, match="no fine-tune job"):
+        switch(g)
+    create(g)
+    with pytest.raises(FineTuneJobError, match="is queued"):
+        switch(g)
+    job = client.jobs.jobs["ftjob-1"]
+    job.status, job.fine_tuned_model = "succeeded", "ft:gpt:grp:1"
+    assert switch(g) == "ft:gpt:grp:1" and g.model_name == "ft:gpt:grp:1"
+    g.set_state({**g.get_state(), "fine_tune_job_id": INSUFFICIENT_DATA_JOB_ID})
+    assert switch(g) == "ft:gpt:grp:1"  # too little data: keep the current model
+    g.set_state({**g.get_state(), "fine_tune_job_id": DUMMY_JOB_ID})
+    assert switch(g, 4) == "dummy-ft:grp:it4"
+    g.set_state({**g.get_state(), "fine_tune_job_id": FROZEN_JOB_ID})
+    assert switch(g) == BASE and g.state.fine_tuned_model_name is None
+
+
+# ---------------------------------------------------------------- state and settings
+
+
+def test_state_round_trip():
+    g = group()
+    assert g.get_state() == {
+        "fine_tune_job_id": None,
+        "fine_tuned_model_name": None,
+        "skip_reason": None,
+    }
+    g.set_state(GroupState("ftjob-9", "ft:m", None))
+    other = group()
+    other.set_state(g.get_state())
+    assert other.get_state() == g.get_state() and other.model_name == "ft:m"
+    other.set_state({"fine_tune_job_id": "ftjob-1"})  # missing keys reset to None
+    assert other.get_state()["fine_tuned_model_name"] is None and other.model_name == BASE
+
+
+def test_lora_alpha_and_num_epochs():
+    assert group(lora_alpha=24, lora_alpha_scale=None).lora_alpha == 24
+    assert group(lora_rank=8, lora_alpha_scale=4.0).lora_alpha == 32.0
+    assert group(num_epochs=5).num_epochs == 5
+    assert group().num_epochs == 2  # falls back to rl.num_epochs
+
+
+def test_job_names():
+    assert job_key("run", 3, "verifier") == "run/0003/verifier"
+    assert job_suffix("run", 3, "verifier") == "run-it3-verifier"
+    long = job_suffix("x" * 100 + "-", 12, "prover0")
+    assert len(long) <= 64 and long.endswith("-it12-prover0") and not long.startswith("-")
+    edge = job_suffix("a" + "-" * 60, 1, "verifier")
+    assert len(edge) <= 64 and not edge.startswith("-")
+
+
+def test_build_groups_and_fine_tuning_clients(monkeypatch):
+    agent_params = {"prover": params(), "verifier": params(), "judge": params(use_dummy_api=True)}
+    client = FakeClient()
+    groups = build_groups(
+        {"shared": ("prover", "verifier"), "judge": ("judge",)},
+        agent_params,
+        rl_num_epochs=1,
+        rl_learning_rate=1e-5,
+        clients={"shared": client},
+    )
+    assert list(groups["shared"].agent_params) == ["prover", "verifier"]
+    assert groups["shared"].agent_ids_and_names() == [(0, "prover"), (1, "verifier")]
+    assert groups["shared"].client is client and groups["judge"].client is None
+    assert fine_tuning_client(params(use_dummy_api=True)) is None
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(RuntimeError, match="OPENAI_API_KEY"):
+        fine_tuning_client(params())
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret-value")
+    assert fine_tuning_client(params()).api_key == "sk-secret-value"
+
+
+def test_a_real_provider_without_a_client_is_a_clear_error():
+    g = group(None)
+    with pytest.raises(FineTuneJobError, match="no fine-tuning client"):
+        create(g)
+    g.set_state({"fine_tune_job_id": "ftjob-1"})
+    with pytest.raises(FineTuneJobError, match="no fine-tuning client"):
+        status(g)
