@@ -91,7 +91,9 @@ def test_terminal_bar_shows_calls_and_rate():
 
 def test_stopped_run_is_not_reported_complete_and_idle_run_shows_nothing():
     artifact = RecordingArtifact()
-    reporter = RolloutProgress("x", rounds=4, artifact=artifact, console=Console(file=io.StringIO()))
+    reporter = RolloutProgress(
+        "x", rounds=4, artifact=artifact, console=Console(file=io.StringIO())
+    )
     reporter(0, 1, 8)
     reporter.close(finished=False)
     assert artifact.updates[-1][0] < 100 and "stopped" in artifact.updates[-1][1]
