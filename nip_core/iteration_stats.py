@@ -35,7 +35,7 @@ def leaf_decisions(nodes: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     """(decision or -1, label, round) of every leaf (= every complete rollout)."""
     node_ids = nodes.column("node_id").to_pylist()
     parents = set(nodes.column("parent_id").drop_null().to_pylist())
-    is_leaf = np.array([nid not in parents for nid in node_ids])
+    is_leaf = np.array([nid not in parents for nid in node_ids], dtype=bool)
     decision = nodes.column("decision").fill_null(-1).to_numpy()
     return (
         decision[is_leaf],

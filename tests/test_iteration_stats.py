@@ -143,3 +143,13 @@ def test_iteration_stats_without_pairs():
     stats = iteration_stats(nodes, rewards, None, AGENTS)
     assert {a: s["pairs"] for a, s in stats["agents"].items()} == {"prover": 0, "verifier": 0}
     json.dumps(stats, allow_nan=False)
+
+
+def test_empty_iteration_has_no_undefined_numbers():
+    nodes = pa.Table.from_pylist([], schema=schemas.NODES)
+    rewards = rewards_table(nodes, AGENTS, (0.5, 0.0), "monte_carlo")
+    stats = iteration_stats(nodes, rewards, pairs([]), AGENTS)
+    assert stats["rollouts"] == 0 and stats["mean_episode_rounds"] is None
+    assert stats["verifier"]["accuracy"] is None
+    assert stats["agents"]["verifier"]["pair_proportion"] is None
+    json.dumps(stats, allow_nan=False)
