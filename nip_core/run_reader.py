@@ -106,11 +106,21 @@ def path_to_node(index: Mapping[str, tuple[str | None, Turn | None]], node_id: s
 def flatten_stats(manifests: Mapping[int, dict]) -> pd.DataFrame:
     """One row per iteration; nested manifest stats become dotted columns
     (`verifier.accuracy`, `agents.prover.pairs`, `eval.<...>`)."""
-    records = [{"iteration": i, **(m.get("stats") or {})} for i, m in sorted(manifests.items())]
+    records = [{"iteration": i, **_stats_of(m)} for i, m in sorted(manifests.items())]
     if not records:
         return pd.DataFrame({"iteration": pd.Series([], dtype="int64")})
     frame = pd.json_normalize(records, sep=".")
     return frame.sort_values("iteration").reset_index(drop=True)
+
+
+def _stats_of(manifest: dict) -> dict:
+    """The manifest's stats, with the evaluation stage's metrics under "eval" when the stats
+    themselves do not carry them (an evaluation run on its own after the iteration)."""
+    stats = dict(manifest.get("stats") or {})
+    evaluation = manifest.get("stages", {}).get("evaluate", {}).get("info")
+    if evaluation and "eval" not in stats:
+        stats["eval"] = evaluation
+    return stats
 
 
 class RunView:
