@@ -196,7 +196,8 @@ def tree_section(
         f"<pre>{html.escape(str(batch_row['question']))}</pre>"
         f"<pre>{html.escape(str(batch_row['solution']))}</pre></details>"
         f'<div class="trees">{"".join(drawings)}</div>'
-        f"<details open><summary>messages by node</summary>"
+        f"<details{' open' if len(table) <= 40 else ''}><summary>messages by node "
+        f"({len(table)} nodes)</summary>"
         f"{_role_markup(html_table(table, text_columns=['messages']))}</details>"
     )
 

@@ -21,7 +21,8 @@ REJECTED = "#d7191c"
 COLOUR_MAP = "viridis"
 NODE_RADIUS = 10
 LEVEL_HEIGHT = 70
-MAX_WIDTH = 660
+SMALL_WIDTH = 560  # two drawings side by side
+WIDE_WIDTH = 1240  # one drawing per row
 MARGIN_LEFT = 70
 MARGIN = 24
 HALO = 'stroke="#fff" stroke-width="3" paint-order="stroke"'
@@ -164,6 +165,100 @@ def _legend_svg(x: float, y: float) -> str:
     )
 
 
+@dataclass(frozen=True)
+class Geometry:
+    """Sizes that shrink with the number of leaves, so wide trees stay readable."""
+
+    spacing: float
+    radius: float
+
+    @classmethod
+    def for_leaves(cls, leaves: int) -> Geometry:
+        room = SMALL_WIDTH if leaves * 22 <= SMALL_WIDTH else WIDE_WIDTH
+        spacing = max(3.0, min(48.0, room / max(leaves, 1)))
+        return cls(spacing=spacing, radius=max(2.0, min(NODE_RADIUS, 0.42 * spacing)))
+
+    @property
+    def labels(self) -> bool:
+        return self.spacing >= 14
+
+    @property
+    def badges(self) -> bool:
+        return self.radius >= 7
+
+    @property
+    def outline(self) -> float:
+        return max(1.5, 0.4 * self.radius)
+
+
+def _edge_svg(
+    start: tuple[float, float], end: tuple[float, float], role: str | None, g: Geometry
+) -> str:
+    (x1, y1), (x2, y2) = start, end
+    style = 'stroke="#999" stroke-width="1.2"'
+    if role == "chosen":
+        style = f'stroke="{CHOSEN}" stroke-width="{g.outline:.1f}"'
+    elif role == "rejected":
+        style = f'stroke="{REJECTED}" stroke-width="{g.outline:.1f}" stroke-dasharray="6,3"'
+    svg = f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" {style}/>'
+    if role and g.radius >= 6:
+        mark, colour = ("\u2713", CHOSEN) if role == "chosen" else ("\u2717", REJECTED)
+        mx, my = (x1 + x2) / 2, (y1 + y2) / 2
+        svg += (
+            f'<circle cx="{mx:.1f}" cy="{my:.1f}" r="7" fill="#fff" stroke="{colour}"/>'
+            f'<text x="{mx:.1f}" y="{my + 4:.1f}" font-size="11" font-weight="bold" '
+            f'text-anchor="middle" fill="{colour}">{mark}</text>'
+        )
+    return svg
+
+
+def _node_svg(
+    row: Mapping,
+    at: tuple[float, float],
+    fill: str,
+    value: float | None,
+    role: str | None,
+    agent: str,
+    g: Geometry,
+) -> str:
+    """A node circle with its hover title (id, value, role, messages) and verdict badge."""
+    x, y = at
+    stroke = 'stroke="#333" stroke-width="1"'
+    if role == "chosen":
+        stroke = f'stroke="{CHOSEN}" stroke-width="{g.outline:.1f}"'
+    elif role == "rejected":
+        stroke = f'stroke="{REJECTED}" stroke-width="{g.outline:.1f}" stroke-dasharray="4,2"'
+    title = f"{row['node_id']} (round {row['round']})\n{agent} expected reward: "
+    title += "n/a" if value is None else f"{value:.3f}"
+    title += f"\n{role}" if role else ""
+    text = node_text(row)
+    title += f"\n\n{text}" if text else ""
+    svg = (
+        f"<g><title>{html.escape(title)}</title>"
+        f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{g.radius:.1f}" fill="{fill}" {stroke}/>'
+    )
+    mark = verdict_mark(row)
+    if mark and g.badges:
+        svg += (
+            f'<text x="{x:.1f}" y="{y + 4:.1f}" font-size="11" font-weight="bold" '
+            f'text-anchor="middle" fill="{text_colour(fill)}">{mark}</text>'
+        )
+    return svg + "</g>"
+
+
+def _label_svg(node_id: str, at: tuple[float, float], rotated: bool, g: Geometry) -> str:
+    x, y = at[0], at[1] + g.radius + 12
+    if rotated:
+        return (
+            f'<text x="{x + 4:.1f}" y="{y - 2:.1f}" font-size="10" fill="#333" {HALO} '
+            f'transform="rotate(90 {x + 4:.1f} {y - 2:.1f})">{html.escape(node_id)}</text>'
+        )
+    return (
+        f'<text x="{x:.1f}" y="{y:.1f}" font-size="10" fill="#333" {HALO} '
+        f'text-anchor="middle">{html.escape(node_id)}</text>'
+    )
+
+
 def tree_svg(
     tree_nodes: pd.DataFrame,
     expected: Mapping[str, float],
@@ -181,26 +276,20 @@ def tree_svg(
     node_ids = tree_nodes["node_id"].tolist()
     parent_ids = [None if pd.isna(p) else p for p in tree_nodes["parent_id"]]
     leaves = sum(1 for kids in children_of(node_ids, parent_ids).values() if not kids)
-    spacing = max(8.0, min(48.0, (MAX_WIDTH - 2 * MARGIN) / max(leaves, 1)))
-    positions = tree_layout(node_ids, parent_ids, spacing)
+    g = Geometry.for_leaves(leaves)
+    positions = tree_layout(node_ids, parent_ids, g.spacing)
     depth = max(p.depth for p in positions.values())
-    show_labels = spacing >= 14
-    labels = {nid: nid for nid in node_ids}
-    rotated = _label_rotated(positions, labels)
-    label_room = 6.2 * max(len(n) for n in node_ids) + 8 if depth in rotated else 24
-    width = MARGIN_LEFT + (leaves - 1) * spacing + MARGIN + NODE_RADIUS
-    width = max(width, 520)
-    plot_bottom = MARGIN + depth * LEVEL_HEIGHT + NODE_RADIUS + label_room
+    rotated = _label_rotated(positions, {nid: nid for nid in node_ids})
+    label_room = 24
+    if g.labels and depth in rotated:
+        label_room = 6.2 * max(len(n) for n in node_ids) + 8
+    width = max(MARGIN_LEFT + (leaves - 1) * g.spacing + MARGIN + g.radius, 520)
+    plot_bottom = MARGIN + depth * LEVEL_HEIGHT + g.radius + label_room
     height = plot_bottom + 80
     xy = {nid: (MARGIN_LEFT + p.x, MARGIN + p.depth * LEVEL_HEIGHT) for nid, p in positions.items()}
     vmin, vmax = value_range
-    fills = dict(
-        zip(
-            node_ids,
-            colour_scale([expected.get(n, vmin) for n in node_ids], vmin, vmax),
-            strict=True,
-        )
-    )
+    colours = colour_scale([expected.get(n, vmin) for n in node_ids], vmin, vmax)
+    fills = dict(zip(node_ids, colours, strict=True))
 
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
@@ -209,72 +298,21 @@ def tree_svg(
     ]
     for d in range(depth + 1):
         name = "root" if d == 0 else f"round {d - 1}"
-        parts.append(
-            f'<text x="4" y="{MARGIN + d * LEVEL_HEIGHT + 4}" font-size="11" fill="#666">{name}</text>'
-        )
+        y = MARGIN + d * LEVEL_HEIGHT + 4
+        parts.append(f'<text x="4" y="{y}" font-size="11" fill="#666">{name}</text>')
     for nid, parent in zip(node_ids, parent_ids, strict=True):
-        if parent is None or parent not in xy:
-            continue
-        (x1, y1), (x2, y2) = xy[parent], xy[nid]
-        role = roles.get(nid)
-        style = 'stroke="#999" stroke-width="1.2"'
-        if role == "chosen":
-            style = f'stroke="{CHOSEN}" stroke-width="3"'
-        elif role == "rejected":
-            style = f'stroke="{REJECTED}" stroke-width="3" stroke-dasharray="6,3"'
-        parts.append(f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" {style}/>')
-        if role:
-            mark, colour = ("\u2713", CHOSEN) if role == "chosen" else ("\u2717", REJECTED)
-            mx, my = (x1 + x2) / 2, (y1 + y2) / 2
-            parts.append(
-                f'<circle cx="{mx:.1f}" cy="{my:.1f}" r="7" fill="#fff" stroke="{colour}"/>'
-                f'<text x="{mx:.1f}" y="{my + 4:.1f}" font-size="11" font-weight="bold" '
-                f'text-anchor="middle" fill="{colour}">{mark}</text>'
-            )
+        if parent is not None and parent in xy:
+            parts.append(_edge_svg(xy[parent], xy[nid], roles.get(nid), g))
     for row in tree_nodes.to_dict("records"):
         nid = row["node_id"]
-        x, y = xy[nid]
-        role = roles.get(nid)
-        stroke = 'stroke="#333" stroke-width="1"'
-        if role == "chosen":
-            stroke = f'stroke="{CHOSEN}" stroke-width="4"'
-        elif role == "rejected":
-            stroke = f'stroke="{REJECTED}" stroke-width="4" stroke-dasharray="4,2"'
-        value = expected.get(nid)
-        title = f"{nid} (round {row['round']})\n{agent} expected reward: "
-        title += "n/a" if value is None else f"{value:.3f}"
-        title += f"\n{role}" if role else ""
-        text = node_text(row)
-        title += f"\n\n{text}" if text else ""
-        mark = verdict_mark(row)
         parts.append(
-            f"<g><title>{html.escape(title)}</title>"
-            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{NODE_RADIUS}" fill="{fills[nid]}" {stroke}/>'
+            _node_svg(row, xy[nid], fills[nid], expected.get(nid), roles.get(nid), agent, g)
         )
-        if mark:
-            parts.append(
-                f'<text x="{x:.1f}" y="{y + 4:.1f}" font-size="11" font-weight="bold" '
-                f'text-anchor="middle" fill="{text_colour(fills[nid])}">{mark}</text>'
-            )
-        parts.append("</g>")
-        if show_labels:
-            ly = y + NODE_RADIUS + 12
-            if positions[nid].depth in rotated:
-                parts.append(
-                    f'<text x="{x + 4:.1f}" y="{ly - 2:.1f}" font-size="10" fill="#333" {HALO} '
-                    f'transform="rotate(90 {x + 4:.1f} {ly - 2:.1f})">{html.escape(nid)}</text>'
-                )
-            else:
-                parts.append(
-                    f'<text x="{x:.1f}" y="{ly:.1f}" font-size="10" fill="#333" {HALO} '
-                    f'text-anchor="middle">{html.escape(nid)}</text>'
-                )
+        if g.labels:
+            parts.append(_label_svg(nid, xy[nid], positions[nid].depth in rotated, g))
     bar_width = min(260.0, width - 2 * MARGIN)
-    parts.append(
-        colour_bar_svg(
-            uid, MARGIN, plot_bottom + 6, bar_width, vmin, vmax, f"expected reward ({agent})"
-        )
-    )
+    label = f"expected reward ({agent})"
+    parts.append(colour_bar_svg(uid, MARGIN, plot_bottom + 6, bar_width, vmin, vmax, label))
     parts.append(_legend_svg(MARGIN, plot_bottom + 58))
     parts.append("</svg>")
     return "".join(parts)
