@@ -1,0 +1,145 @@
+"""Benchmark: one DPO optimisation step on CPU relative to a plain forward+backward.
+
+    python bench/dpo_step.py [--steps 8] [--tokens 100]
+
+Loads the embedded SmolLM2-135M-Instruct in fp32, builds TRL's `DPOTrainer` through the same
+code the server's training child uses (`nip_core.lm_server.training`, LoRA on all linear layers,
+batch 2 pairs of ~`--tokens` tokens each), and times whole optimisation steps (reference
+log-probs, data collation and optimizer included; model loading and tokenisation excluded) between
+consecutive step-end callbacks. The baseline is a plain fp32 forward+backward (all
+weights trainable) of the same 4 sequences, run between the steps (so both see the same
+machine load; the ratio uses the fastest of each). The last line is `ratio dpo_step/forward_backward: x`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import torch
+from transformers import TrainerCallback
+
+from nip_core.embedded_model import embedded_model_path
+from nip_core.lm_server import training
+from nip_core.lm_server.options import TrainingOptions
+
+
+class PairedClock(TrainerCallback):
+    """Times every optimisation step and, between steps, one plain forward+backward.
+
+    The machine may be shared, so both measurements are interleaved: each baseline run happens
+    right after a DPO step, under the same load, and its time is cut out of the step intervals.
+    """
+
+    def __init__(self, baseline) -> None:
+        self.baseline = baseline
+        self.steps: list[float] = []
+        self.plain: list[float] = []
+        self._resumed: float | None = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now = time.perf_counter()
+        if self._resumed is not None:
+            self.steps.append(now - self._resumed)
+        self.plain.append(self.baseline())
+        self._resumed = time.perf_counter()
+
+
+def _words(count: int, offset: int) -> str:
+    vocab = "code test input output value list loop return check case bound error".split()
+    return " ".join(vocab[(offset + i * 7) % len(vocab)] for i in range(count))
+
+
+def make_pairs(count: int, tokenizer, tokens: int) -> list[dict]:
+    """`count` preference pairs whose prompt + answer is about `tokens` tokens long."""
+    rows = []
+    for i in range(count):
+        prompt = [{"role": "user", "content": _words(tokens // 3, i)}]
+        text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        prompt_len = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        answer_words = max(4, tokens - prompt_len - 2)  # the end-of-turn tokens
+        rows.append(
+            {
+                "prompt": prompt,
+                "chosen": [{"role": "assistant", "content": _words(answer_words, i + 1)}],
+                "rejected": [{"role": "assistant", "content": _words(answer_words, i + 2)}],
+            }
+        )
+    return rows
+
+
+def first_batch(trainer) -> list[list[int]]:
+    """Token ids of the 4 sequences (2 chosen, 2 rejected) of the first training batch."""
+    first = trainer.train_dataset[:2]
+    pairs = zip(first["prompt_ids"], first["chosen_ids"], first["rejected_ids"], strict=True)
+    chosen, rejected = zip(*[(p + c, p + r) for p, c, r in pairs], strict=True)
+    return [*chosen, *rejected]
+
+
+def plain_forward_backward(model_path: str, sequences: list[list[int]]):
+    """A function timing one fp32 forward+backward (all weights trainable) of `sequences`."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).train()
+    width = max(len(s) for s in sequences)
+    ids = torch.tensor([s + [0] * (width - len(s)) for s in sequences])
+    mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences])
+    labels = ids.masked_fill(mask == 0, -100)
+
+    def run() -> float:
+        start = time.perf_counter()
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        elapsed = time.perf_counter() - start
+        model.zero_grad(set_to_none=True)
+        return elapsed
+
+    run()  # warm-up
+    return run
+
+
+def measure(
+    model_path: str, steps: int, tokens: int, lora_dropout: float
+) -> tuple[PairedClock, list[int]]:
+    """Train `steps` DPO steps through the server's code path with interleaved baselines."""
+    options = TrainingOptions(
+        method="dpo", batch_size=2, n_epochs=1, learning_rate=1e-5, lora_dropout=lora_dropout
+    )
+    tokenizer = training.load_tokenizer(model_path)
+    rows = make_pairs(2 * steps, tokenizer, tokens)
+    model, peft_config, _ = training.load_for_training(model_path, None, options)
+    with tempfile.TemporaryDirectory() as out:
+        trainer = training.build_trainer(options, model, tokenizer, rows, out, peft_config)
+        sequences = first_batch(trainer)
+        clock = PairedClock(plain_forward_backward(model_path, sequences))
+        trainer.add_callback(clock)
+        trainer.train()
+    return clock, [len(s) for s in sequences]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=100)
+    parser.add_argument("--threads", type=int, default=2)
+    # 0 lets TRL switch dropout off (its DPO default): no random masks, policy matches reference.
+    parser.add_argument("--lora-dropout", type=float, default=0.0)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    clock, lengths = measure(str(embedded_model_path()), args.steps, args.tokens, args.lora_dropout)
+    mean_step = statistics.mean(clock.steps)
+    step, plain = statistics.median(clock.steps), statistics.median(clock.plain)
+    best_step, best_plain = min(clock.steps), min(clock.plain)
+    print(f"sequence lengths: {lengths}; steps timed: {len(clock.steps)}")
+    print("dpo steps (s): " + " ".join(f"{t:.2f}" for t in clock.steps))
+    print("forward+backward (s): " + " ".join(f"{t:.2f}" for t in clock.plain))
+    print(f"mean dpo step {mean_step:.2f} s; medians: dpo {step:.2f} s, fwd+bwd {plain:.2f} s")
+    print(f"median ratio (sensitive to other load on the machine): {step / plain:.2f}")
+    # Minima, as timeit recommends: on a shared machine the fastest run is the least disturbed.
+    print(f"ratio dpo_step/forward_backward: {best_step / best_plain:.2f}")
+
+
+if __name__ == "__main__":
+    main()
