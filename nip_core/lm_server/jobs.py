@@ -38,6 +38,11 @@ def public_job(job: dict) -> dict:
     return {k: v for k, v in job.items() if not k.startswith("_")}
 
 
+def _order(job: dict) -> tuple:
+    """Creation order; `created_at` has one-second resolution, so a nanosecond stamp breaks ties."""
+    return (job["created_at"], job.get("_created_ns", 0), job["id"])
+
+
 class JobManager:
     """Owns the jobs and adapters of one server; all mutations happen under one asyncio lock."""
 
@@ -120,7 +125,7 @@ class JobManager:
 
     def list(self, limit: int = 20, after: str | None = None, metadata: dict | None = None):
         """Jobs newest first, filtered by exact metadata matches, paged by `after`."""
-        jobs = sorted(self.jobs.values(), key=lambda j: (j["created_at"], j["id"]), reverse=True)
+        jobs = sorted(self.jobs.values(), key=_order, reverse=True)
         jobs = [
             j for j in jobs if all(j["metadata"].get(k) == v for k, v in (metadata or {}).items())
         ]
@@ -209,6 +214,7 @@ class JobManager:
             "estimated_finish": None,
             "_new_model_name": f"ft:{short}:{suffix}:{job_id}",
             "_root_name": root,
+            "_created_ns": time.time_ns(),  # orders jobs created within the same second
         }
 
     def _write_child_config(self, job: dict, base_path: str, parent: dict | None, options: dict):
@@ -244,7 +250,7 @@ class JobManager:
         if not any(j["status"] in ACTIVE for j in self.jobs.values()):
             queued = sorted(
                 (j for j in self.jobs.values() if j["status"] == "queued"),
-                key=lambda j: (j["created_at"], j["id"]),
+                key=_order,
             )
             if queued:
                 await self._launch(queued[0])

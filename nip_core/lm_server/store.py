@@ -122,7 +122,10 @@ class StateDir:
     def load_jobs(self) -> list[dict]:
         """Every stored job record, oldest first."""
         jobs = [read_json(d / "job.json") for d in (self.root / "jobs").iterdir() if d.is_dir()]
-        return sorted((j for j in jobs if j), key=lambda j: (j["created_at"], j["id"]))
+        return sorted(
+            (j for j in jobs if j),
+            key=lambda j: (j["created_at"], j.get("_created_ns", 0), j["id"]),
+        )
 
     def load_adapters(self) -> dict[str, dict]:
         return read_json(self.root / "adapters.json", {})
