@@ -1,0 +1,147 @@
+"""Evaluate a run's models on the test split (or the train split) as a Prefect flow.
+
+    python -m flows.evaluate --run-name exp1 --iteration 2       # models used by iteration 2
+    python -m flows.evaluate --set text_rl.test_on_whole_dataset=false --split train
+
+Takes the same options as `flows.malt_iteration` (the configuration must match the run folder's).
+`--iteration i` evaluates the models iteration i generates with, i.e. those iteration i-1
+switched to; after a run of N iterations, `--iteration N` evaluates the final fine-tuned models.
+Writes `iterations/<NNNN>/eval.parquet` (`eval-train.parquet` for --split train), records the
+metrics in that iteration's manifest, prints them and logs them to wandb. Runs regardless of
+`text_rl.test_scheme`; an evaluation already recorded is reused, not repeated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from prefect import flow
+
+from flows.malt_iteration import (
+    DEFAULT_CONFIG,
+    ConfigError,
+    prepare_run,
+    previous_group_models,
+    resolve_hyper_params,
+)
+from nip_core.artifacts import ArtifactError, RunPaths, default_root, read_json
+from nip_core.evaluation import SPLITS, format_metrics
+from nip_core.iteration_context import build_context
+from tasks.evaluate import evaluate_task
+from tasks.lm_server import ensure_lm_server
+from tasks.tracking import log_evaluation, open_tracker
+
+
+@flow(name="evaluate", log_prints=True)
+def evaluate_flow(
+    overrides: list[str] | None = None,
+    config: str | None = None,
+    run_name: str = "default",
+    artifacts_root: str | None = None,
+    iteration: int = 0,
+    split: str = "test",
+    use_wandb: bool = True,
+) -> dict:
+    """Evaluate the models of `iteration` on `split`; returns the metrics."""
+    if split not in SPLITS:
+        raise ConfigError(f"split must be one of {SPLITS}, got {split!r}")
+    hp = resolve_hyper_params(config, overrides)
+    paths = prepare_run(hp, artifacts_root or default_root(), run_name)
+    require_previous_models(paths, iteration)
+    context = build_context(hp, run_name, iteration, previous_group_models(paths, iteration))
+    server = ensure_lm_server(paths, context)
+    try:
+        metrics = evaluate_task(paths, context, split)
+    finally:
+        if server is not None:
+            server.stop()
+    tracker = open_tracker(paths, hp, run_name, use_wandb)
+    try:
+        log_evaluation(tracker, metrics, iteration)
+    finally:
+        tracker.finish()
+    print(f"iteration {iteration} {format_metrics(metrics)}")
+    return metrics
+
+
+def require_previous_models(paths: RunPaths, iteration: int) -> None:
+    """Iteration i > 0 uses the models iteration i-1 switched to: they must exist."""
+    if iteration == 0:
+        return
+    manifest = paths.manifest(iteration - 1)
+    if not paths.fs.exists(manifest) or "models_after" not in read_json(paths.fs, manifest):
+        raise ConfigError(
+            f"iteration {iteration - 1} of run {paths.run_dir} has not switched models yet, so "
+            f"iteration {iteration}'s models are unknown; run it first or pick an earlier iteration"
+        )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m flows.evaluate",
+        description="Evaluate a run's current models with one sample per turn "
+        "(verifier accuracy, precision, recall, decision rate, episode length).",
+    )
+    parser.add_argument(
+        "--config", help=f"YAML or JSON hyper-parameters (default: {DEFAULT_CONFIG})"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted override, repeatable (must match the run's configuration)",
+    )
+    parser.add_argument("--run-name", default="default", help="folder under the artifacts root")
+    parser.add_argument(
+        "--artifacts-root",
+        default=None,
+        help="root folder or fsspec URL (default: $NIP_ARTIFACTS_ROOT or ./artifacts)",
+    )
+    parser.add_argument(
+        "--iteration",
+        type=int,
+        default=0,
+        help="0-based iteration whose models are evaluated (N after N iterations: final models)",
+    )
+    parser.add_argument("--split", choices=SPLITS, default="test", help="dataset split")
+    parser.add_argument(
+        "--no-wandb", dest="use_wandb", action="store_false", help="do not log to wandb"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        resolve_hyper_params(args.config, args.overrides)
+        if args.iteration < 0:
+            raise ConfigError(f"--iteration must be >= 0, got {args.iteration}")
+        root = args.artifacts_root or default_root()
+        RunPaths.open(root, args.run_name)
+    except (ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        metrics = evaluate_flow(
+            overrides=args.overrides,
+            config=args.config,
+            run_name=args.run_name,
+            artifacts_root=root,
+            iteration=args.iteration,
+            split=args.split,
+            use_wandb=args.use_wandb,
+        )
+    except (ConfigError, ArtifactError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    paths = RunPaths.open(root, args.run_name)
+    print(f"artifacts: {paths.iteration_dir(args.iteration)}")
+    print(f"iteration {args.iteration} {format_metrics(metrics)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

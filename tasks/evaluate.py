@@ -1,0 +1,123 @@
+"""Stage: evaluate the iteration's current models on a held-out split (`eval.parquet`).
+
+One sample per turn on the test split (or the train split for `flows.evaluate --split train`):
+`iterations/<NNNN>/eval.parquet` holds one row per rollout, `eval-nodes.parquet` the full turns
+(for transcripts), and the manifest stage "evaluate" the metrics. Model calls are journaled in
+`eval-calls-*.jsonl`, separately from training's, so an interrupted evaluation replays them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+from prefect import get_run_logger, task
+
+from nip_core.artifacts import RunPaths, write_parquet
+from nip_core.call_journal import JournaledClient
+from nip_core.data import datapoints, load_for_parameters
+from nip_core.evaluation import (
+    evaluation_items,
+    evaluation_metrics,
+    evaluation_seed,
+    evaluation_size,
+    evaluation_table,
+    file_stem,
+    format_metrics,
+    stage_name,
+)
+from nip_core.iteration_context import IterationContext
+from nip_core.rollout_tree import BatchItem, RolloutSettings, grow_trees
+from tasks.common import run_stage
+from tasks.retry import retry_transient_only
+from tasks.rollouts import chat_clients, rollout_settings
+
+
+def select_items(context: IterationContext, split: str) -> list[BatchItem]:
+    hp = context.hyper_params
+    frame = load_for_parameters(
+        hp.dataset,
+        split,
+        options=hp.dataset_options,
+        code_validation=hp.code_validation,
+        seed=hp.seed,
+    )
+    points = datapoints(frame)
+    count = evaluation_size(
+        len(points),
+        whole_dataset=hp.text_rl.test_on_whole_dataset,
+        rollouts_per_iteration=hp.rl.rollouts_per_iteration,
+        num_test_iterations=hp.rl.num_test_iterations,
+    )
+    return evaluation_items(points, count, hp.seed, split)
+
+
+def journaled_clients(context: IterationContext, journal_dir: Path | None, stem: str) -> dict:
+    """The training clients (one per endpoint), each journaling to `<stem>-calls-<i>.jsonl`."""
+    plain = chat_clients(context, None)
+    if journal_dir is None:
+        return plain
+    wrapped: dict[int, JournaledClient] = {}
+    for client in plain.values():
+        if id(client) not in wrapped:
+            path = journal_dir / f"{stem}-calls-{len(wrapped)}.jsonl"
+            wrapped[id(client)] = JournaledClient(client, path)
+    return {agent: wrapped[id(client)] for agent, client in plain.items()}
+
+
+def evaluation_settings(context: IterationContext, clients: dict, split: str) -> RolloutSettings:
+    """Training's settings with one response per turn and evaluation-specific call seeds."""
+    return dataclasses.replace(
+        rollout_settings(context, clients),
+        num_responses_per_timestep=1,
+        run_seed=evaluation_seed(context.hyper_params.seed, split),
+    )
+
+
+def evaluate(
+    paths: RunPaths, context: IterationContext, split: str = "test", progress=None
+) -> dict:
+    """Run (or reuse) the evaluation stage; returns its metrics."""
+    it, stem = context.iteration, file_stem(split)
+
+    def compute():
+        items = select_items(context, split)
+        journal_dir = Path(paths.iteration_dir(it)) if paths.is_local else None
+        clients = journaled_clients(context, journal_dir, stem)
+        settings = evaluation_settings(context, clients, split)
+        nodes = asyncio.run(grow_trees(items, settings, progress))
+        table = evaluation_table(
+            nodes,
+            context.agent_names,
+            iteration=it,
+            protocol=context.protocol.name,
+            split=split,
+        )
+        files = {
+            f"{stem}-nodes.parquet": write_parquet(
+                paths.fs, paths.iteration_file(it, f"{stem}-nodes.parquet"), nodes
+            ),
+            f"{stem}.parquet": write_parquet(
+                paths.fs, paths.iteration_file(it, f"{stem}.parquet"), table
+            ),
+        }
+        metrics = evaluation_metrics(table, context.agent_names)
+        metrics["models"] = dict(context.models)
+        return files, metrics
+
+    return dict(run_stage(paths, context, stage_name(split), compute)["info"])
+
+
+# Model calls touch the network: a transient failure retries the stage, and the call journal
+# replays every call that had finished, so none is paid for twice.
+@task(
+    name="evaluate",
+    retries=2,
+    retry_delay_seconds=[10, 60],
+    retry_condition_fn=retry_transient_only,
+)
+def evaluate_task(paths: RunPaths, context: IterationContext, split: str = "test") -> dict:
+    metrics = evaluate(paths, context, split)
+    get_run_logger().info("iteration %d %s", context.iteration, format_metrics(metrics))
+    return metrics
