@@ -28,6 +28,8 @@ from flows.malt_iteration import (
 from nip_core.artifacts import ArtifactError, RunPaths, default_root, read_json
 from nip_core.evaluation import SPLITS, format_metrics
 from nip_core.iteration_context import build_context
+from nip_core.parameters import HyperParameters
+from nip_core.run_lock import RunLockedError, lock_run_folder
 from tasks.evaluate import evaluate_task
 from tasks.lm_server import ensure_lm_server
 from tasks.tracking import log_evaluation, open_tracker
@@ -47,7 +49,16 @@ def evaluate_flow(
     if split not in SPLITS:
         raise ConfigError(f"split must be one of {SPLITS}, got {split!r}")
     hp = resolve_hyper_params(config, overrides)
-    paths = prepare_run(hp, artifacts_root or default_root(), run_name)
+    root = artifacts_root or default_root()
+    with lock_run_folder(RunPaths.open(root, run_name)):  # never beside a training run's writes
+        return evaluate_locked(hp, root, run_name, iteration, split, use_wandb)
+
+
+def evaluate_locked(
+    hp: HyperParameters, root: str, run_name: str, iteration: int, split: str, use_wandb: bool
+) -> dict:
+    """The evaluation itself; the caller holds the run-folder lock."""
+    paths = prepare_run(hp, root, run_name)
     require_previous_models(paths, iteration)
     context = build_context(hp, run_name, iteration, previous_group_models(paths, iteration))
     server = ensure_lm_server(paths, context)
@@ -134,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             split=args.split,
             use_wandb=args.use_wandb,
         )
-    except (ConfigError, ArtifactError) as e:
+    except (ConfigError, ArtifactError, RunLockedError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     paths = RunPaths.open(root, args.run_name)
