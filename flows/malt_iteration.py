@@ -5,7 +5,8 @@
     python -m flows.malt_iteration --config my.yaml --run-name exp1 --iteration 2
 
 Stages: select-batch -> generate-rollouts -> estimate-rewards -> select-pairs -> export-datasets
--> summarise -> fine-tune -> switch-model.
+-> summarise -> [evaluate, per text_rl.test_scheme] -> fine-tune -> switch-model.
+Statistics go to wandb (offline under <run folder>/wandb unless configured; --no-wandb: off).
 Each writes its artifacts under <artifacts-root>/<run-name>/iterations/<NNNN>/ and records itself
 in manifest.json; rerunning skips finished stages, so a killed run resumes where it stopped.
 """
@@ -19,9 +20,11 @@ from pathlib import Path
 from prefect import flow
 
 from nip_core.artifacts import ArtifactError, RunPaths, default_root, read_json, write_json
+from nip_core.evaluation import format_metrics, should_evaluate
 from nip_core.iteration_context import IterationContext, build_context
 from nip_core.parameters import HyperParameters, load_hyper_params
 from tasks.batch import select_batch_task
+from tasks.evaluate import evaluate_task
 from tasks.export import export_datasets_task
 from tasks.fine_tune import fine_tune_task, switch_model_task
 from tasks.lm_server import ensure_lm_server
@@ -29,6 +32,7 @@ from tasks.pairs import select_pairs_task
 from tasks.rewards import estimate_rewards_task
 from tasks.rollouts import generate_rollouts_task
 from tasks.summary import summarise_iteration_task
+from tasks.tracking import Tracker, log_iteration, open_tracker
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 
@@ -76,15 +80,22 @@ def malt_iteration(
     run_name: str = "default",
     artifacts_root: str | None = None,
     iteration: int = 0,
+    use_wandb: bool = True,
 ) -> dict:
     """Run (or resume) one iteration and return its summary statistics."""
     hp = resolve_hyper_params(config, overrides)
     paths = prepare_run(hp, artifacts_root or default_root(), run_name)
     context = build_context(hp, run_name, iteration, previous_group_models(paths, iteration))
-    return run_iteration_stages(paths, context)
+    tracker = open_tracker(paths, hp, run_name, use_wandb)
+    try:
+        return run_iteration_stages(paths, context, tracker)
+    finally:
+        tracker.finish()
 
 
-def run_iteration_stages(paths: RunPaths, context: IterationContext) -> dict:
+def run_iteration_stages(
+    paths: RunPaths, context: IterationContext, tracker: Tracker | None = None
+) -> dict:
     server = ensure_lm_server(paths, context)
     try:
         select_batch_task(paths, context)
@@ -94,6 +105,11 @@ def run_iteration_stages(paths: RunPaths, context: IterationContext) -> dict:
             select_pairs_task(paths, context)
         export_datasets_task(paths, context)
         stats = summarise_iteration_task(paths, context)
+        hp = context.hyper_params
+        if should_evaluate(hp.text_rl.test_scheme, context.iteration, hp.rl.num_iterations):
+            stats["eval"] = evaluate_task(paths, context)
+        if tracker is not None:
+            log_iteration(tracker, stats, context.iteration)
         fine_tune_task(paths, context)
         stats["models_after"] = switch_model_task(paths, context)
         return stats
@@ -118,6 +134,8 @@ def format_summary(paths: RunPaths, context: IterationContext, stats: dict) -> s
         )
     accuracy = verifier["accuracy"]
     lines.append(f"  verifier accuracy: {'n/a' if accuracy is None else f'{accuracy:.3f}'}")
+    if stats.get("eval"):
+        lines.append(f"  {format_metrics(stats['eval'])}")
     for group, model in stats.get("models_after", {}).items():
         lines.append(f"  group {group} -> model {model}")
     return "\n".join(lines)
@@ -147,6 +165,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="root folder or fsspec URL (default: $NIP_ARTIFACTS_ROOT or ./artifacts)",
     )
     parser.add_argument("--iteration", type=int, default=0, help="0-based iteration number")
+    parser.add_argument(
+        "--no-wandb",
+        dest="use_wandb",
+        action="store_false",
+        help="do not track with wandb (default: offline wandb run under <run folder>/wandb)",
+    )
     return parser.parse_args(argv)
 
 
@@ -168,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             run_name=args.run_name,
             artifacts_root=root,
             iteration=args.iteration,
+            use_wandb=args.use_wandb,
         )
     except (ConfigError, ArtifactError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -25,6 +25,7 @@ from flows.malt_iteration import (
 from nip_core.artifacts import ArtifactError, RunPaths, default_root
 from nip_core.iteration_context import build_context
 from tasks.lm_server import ensure_lm_server
+from tasks.tracking import open_tracker
 
 
 @flow(name="malt-run", log_prints=True)
@@ -33,22 +34,25 @@ def malt_run(
     config: str | None = None,
     run_name: str = "default",
     artifacts_root: str | None = None,
+    use_wandb: bool = True,
 ) -> list[dict]:
     """Run (or resume) every iteration of a run; returns each iteration's statistics."""
     hp = resolve_hyper_params(config, overrides)
     paths = prepare_run(hp, artifacts_root or default_root(), run_name)
     server = ensure_lm_server(paths, build_context(hp, run_name, 0))
+    tracker = open_tracker(paths, hp, run_name, use_wandb)
     try:
         results = []
         for iteration in range(hp.rl.num_iterations):
             context = build_context(
                 hp, run_name, iteration, previous_group_models(paths, iteration)
             )
-            stats = run_iteration_stages(paths, context)
+            stats = run_iteration_stages(paths, context, tracker)
             print(f"iteration {iteration}: verifier accuracy {stats['verifier']['accuracy']}")
             results.append(stats)
         return results
     finally:
+        tracker.finish()
         if server is not None:
             server.stop()
 
@@ -63,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        malt_run(args.overrides, args.config, args.run_name, root)
+        malt_run(args.overrides, args.config, args.run_name, root, use_wandb=args.use_wandb)
     except (ConfigError, ArtifactError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
