@@ -23,12 +23,14 @@ from nip_core.artifacts import ArtifactError, RunPaths, default_root, read_json,
 from nip_core.evaluation import format_metrics, should_evaluate
 from nip_core.iteration_context import IterationContext, build_context
 from nip_core.parameters import HyperParameters, load_hyper_params
+from nip_core.run_lock import RunLockedError, lock_run_folder
 from tasks.batch import select_batch_task
 from tasks.evaluate import evaluate_task
 from tasks.export import export_datasets_task
 from tasks.fine_tune import fine_tune_task, switch_model_task
 from tasks.lm_server import ensure_lm_server
 from tasks.pairs import select_pairs_task
+from tasks.prefect_artifacts import publish_iteration_artifacts
 from tasks.rewards import estimate_rewards_task
 from tasks.rollouts import generate_rollouts_task
 from tasks.summary import summarise_iteration_task
@@ -84,18 +86,21 @@ def malt_iteration(
 ) -> dict:
     """Run (or resume) one iteration and return its summary statistics."""
     hp = resolve_hyper_params(config, overrides)
-    paths = prepare_run(hp, artifacts_root or default_root(), run_name)
-    context = build_context(hp, run_name, iteration, previous_group_models(paths, iteration))
-    tracker = open_tracker(paths, hp, run_name, use_wandb)
-    try:
-        return run_iteration_stages(paths, context, tracker)
-    finally:
-        tracker.finish()
+    root = artifacts_root or default_root()
+    with lock_run_folder(RunPaths.open(root, run_name)):  # one writer per run folder
+        paths = prepare_run(hp, root, run_name)
+        context = build_context(hp, run_name, iteration, previous_group_models(paths, iteration))
+        tracker = open_tracker(paths, hp, run_name, use_wandb)
+        try:
+            return run_iteration_stages(paths, context, tracker)
+        finally:
+            tracker.finish()
 
 
 def run_iteration_stages(
     paths: RunPaths, context: IterationContext, tracker: Tracker | None = None
 ) -> dict:
+    """All stages of one iteration; the caller holds the run-folder lock."""
     server = ensure_lm_server(paths, context)
     try:
         select_batch_task(paths, context)
@@ -112,6 +117,7 @@ def run_iteration_stages(
             log_iteration(tracker, stats, context.iteration)
         fine_tune_task(paths, context)
         stats["models_after"] = switch_model_task(paths, context)
+        publish_iteration_artifacts(paths, context, stats)
         return stats
     finally:
         if server is not None:
@@ -194,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             iteration=args.iteration,
             use_wandb=args.use_wandb,
         )
-    except (ConfigError, ArtifactError) as e:
+    except (ConfigError, ArtifactError, RunLockedError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     paths = RunPaths.open(root, args.run_name)

@@ -24,6 +24,8 @@ from flows.malt_iteration import (
 )
 from nip_core.artifacts import ArtifactError, RunPaths, default_root
 from nip_core.iteration_context import build_context
+from nip_core.parameters import HyperParameters
+from nip_core.run_lock import RunLockedError, lock_run_folder
 from tasks.lm_server import ensure_lm_server
 from tasks.tracking import open_tracker
 
@@ -38,7 +40,16 @@ def malt_run(
 ) -> list[dict]:
     """Run (or resume) every iteration of a run; returns each iteration's statistics."""
     hp = resolve_hyper_params(config, overrides)
-    paths = prepare_run(hp, artifacts_root or default_root(), run_name)
+    root = artifacts_root or default_root()
+    with lock_run_folder(RunPaths.open(root, run_name)):  # once for the whole run
+        return run_all_iterations(hp, root, run_name, use_wandb)
+
+
+def run_all_iterations(
+    hp: HyperParameters, root: str, run_name: str, use_wandb: bool = True
+) -> list[dict]:
+    """Every iteration in order; the caller holds the run-folder lock."""
+    paths = prepare_run(hp, root, run_name)
     server = ensure_lm_server(paths, build_context(hp, run_name, 0))
     tracker = open_tracker(paths, hp, run_name, use_wandb)
     try:
@@ -68,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         malt_run(args.overrides, args.config, args.run_name, root, use_wandb=args.use_wandb)
-    except (ConfigError, ArtifactError) as e:
+    except (ConfigError, ArtifactError, RunLockedError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"artifacts: {RunPaths.open(root, args.run_name).run_dir}")
