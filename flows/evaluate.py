@@ -131,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.iteration < 0:
             raise ConfigError(f"--iteration must be >= 0, got {args.iteration}")
         root = args.artifacts_root or default_root()
-        RunPaths.open(root, args.run_name)
-    except (ConfigError, ValueError) as e:
+        require_previous_models(RunPaths.open(root, args.run_name), args.iteration)
+    except (ConfigError, ValueError, ArtifactError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:

@@ -115,7 +115,14 @@ def wandb_configured(env: Mapping[str, str] | None = None) -> bool:
 
 
 def default_mode(env: Mapping[str, str] | None = None) -> str | None:
-    """Offline unless the user configured wandb (then None: wandb decides from its settings)."""
+    """The user's WANDB_MODE; else None (wandb's default) if logged in; else "offline".
+
+    Always passed to `wandb.init` explicitly: wandb keeps the settings of its first `init` in a
+    process, so a later change of WANDB_MODE would otherwise be ignored.
+    """
+    env = os.environ if env is None else env
+    if env.get("WANDB_MODE"):
+        return env["WANDB_MODE"]
     return None if wandb_configured(env) else "offline"
 
 

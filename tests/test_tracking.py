@@ -91,7 +91,7 @@ def test_iteration_metrics_separate_train_and_eval():
 def test_offline_unless_the_user_configured_wandb(tmp_path):
     no_netrc = {"NETRC": str(tmp_path / "missing")}
     assert default_mode(no_netrc) == "offline"
-    assert default_mode({**no_netrc, "WANDB_MODE": "online"}) is None
+    assert default_mode({**no_netrc, "WANDB_MODE": "disabled"}) == "disabled"
     assert default_mode({**no_netrc, "WANDB_API_KEY": "x" * 40}) is None
     netrc = tmp_path / "netrc"
     netrc.write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
