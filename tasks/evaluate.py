@@ -9,7 +9,9 @@ One sample per turn on the test split (or the train split for `flows.evaluate --
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -30,6 +32,8 @@ from nip_core.evaluation import (
 from nip_core.iteration_context import IterationContext
 from nip_core.rollout_tree import BatchItem, RolloutSettings, grow_trees
 from tasks.common import run_stage
+from tasks.prefect_artifacts import artifact_key
+from tasks.progress import ProgressArtifact, RolloutProgress
 from tasks.retry import retry_transient_only
 from tasks.rollouts import chat_clients, rollout_settings
 
@@ -109,6 +113,26 @@ def evaluate(
     return dict(run_stage(paths, context, stage_name(split), compute)["info"])
 
 
+@contextlib.contextmanager
+def evaluation_progress(context: IterationContext, split: str) -> Iterator[RolloutProgress]:
+    """Terminal bar and Prefect progress artifact of the evaluation's generation."""
+    it, stem = context.iteration, file_stem(split)
+    label = f"iteration {it} {split} evaluation"
+    reporter = RolloutProgress(
+        label,
+        rounds=context.protocol.max_message_rounds,
+        artifact=ProgressArtifact(
+            artifact_key(context.run_name, f"iteration-{it:04d}-{stem}"), label
+        ),
+    )
+    finished = False
+    try:
+        yield reporter
+        finished = True
+    finally:
+        reporter.close(finished)
+
+
 # Model calls touch the network: a transient failure retries the stage, and the call journal
 # replays every call that had finished, so none is paid for twice.
 @task(
@@ -118,6 +142,7 @@ def evaluate(
     retry_condition_fn=retry_transient_only,
 )
 def evaluate_task(paths: RunPaths, context: IterationContext, split: str = "test") -> dict:
-    metrics = evaluate(paths, context, split)
+    with evaluation_progress(context, split) as progress:
+        metrics = evaluate(paths, context, split, progress)
     get_run_logger().info("iteration %d %s", context.iteration, format_metrics(metrics))
     return metrics
