@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
 SELF_HOSTED_TOKEN_ENV = "NIP_LM_SERVER_TOKEN"
+SELF_HOSTED_TIMEOUT = 900.0
 _MAX_RETRY_AFTER = 300.0  # never sleep longer than this on a server's Retry-After
 _INVALID_CHOICE_RETRIES = 3  # content-filtered / empty answers tolerated per `complete`
 
@@ -457,7 +458,10 @@ def make_chat_client(
         client.call_log = os.environ.get("NIP_DUMMY_CALL_LOG") or None
         return client
     base_url, key_env = api_endpoint(agent_params)
-    return OpenAIChatClient(base_url, key_env, max_concurrency=max_concurrency)
+    # A self-hosted CPU server answers a whole batched tree level at once: allow it time.
+    self_hosted = _param(agent_params, "model_provider", "OpenAI") == "SelfHosted"
+    timeout = SELF_HOSTED_TIMEOUT if self_hosted else 120.0
+    return OpenAIChatClient(base_url, key_env, max_concurrency=max_concurrency, timeout=timeout)
 
 
 def api_endpoint(agent_params: Any) -> tuple[str | None, str | None]:

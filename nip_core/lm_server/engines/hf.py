@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from nip_core.lm_server.engines.base import AdapterError, ChatChoice, ChatRequest
+from nip_core.seeding import stable_int
 
 _Pending = tuple[ChatRequest, asyncio.Future]
 
@@ -188,8 +189,9 @@ class TransformersEngine:
         greedy = first.temperature == 0
         samples = 1 if greedy else first.n
         kwargs = _sampling_kwargs(first, greedy, samples, self.default_max_tokens)
-        if first.seed is not None:
-            torch.manual_seed(first.seed)
+        seeds = [r.seed for r in requests if r.seed is not None]
+        if seeds:
+            torch.manual_seed(stable_int("batch", *seeds) if len(seeds) > 1 else seeds[0])
         with torch.inference_mode(), self._adapter_scope(model, first.model):
             output = model.generate(**inputs, pad_token_id=self.tokenizer.pad_token_id, **kwargs)
         new_tokens = output[:, inputs["input_ids"].shape[1] :]
@@ -245,10 +247,15 @@ def _sampling_kwargs(request: ChatRequest, greedy: bool, samples: int, default_m
 
 
 def _groups(batch: list[_Pending]) -> list[list[_Pending]]:
-    """Split a batch into groups that can share one `generate` call."""
+    """Split a batch into groups that can share one `generate` call.
+
+    Requests with different seeds still share a call: on CPU, batching a whole tree level is
+    what makes self-hosted rollouts affordable, and the pipeline's call journal (not the
+    server's sampling) is what makes reruns reproducible. The group is seeded from all its
+    requests' seeds.
+    """
     groups: dict[tuple, list[_Pending]] = defaultdict(list)
-    for index, (request, future) in enumerate(batch):
-        seeded = request.seed is not None and request.temperature != 0
+    for request, future in batch:
         key = (
             request.model,
             request.n,
@@ -256,8 +263,6 @@ def _groups(batch: list[_Pending]) -> list[list[_Pending]]:
             request.top_p,
             request.max_tokens,
             request.repetition_penalty,
-            request.seed,
-            index if seeded else -1,
         )
         groups[key].append((request, future))
     return list(groups.values())
