@@ -34,13 +34,22 @@ def test_kill_during_fine_tune_then_rerun_submits_each_job_once(tmp_path):
     with running_server(
         ["--engine", "dummy", "--fake-train-seconds", "8"], tmp_path / "state"
     ) as server:
-        args = [sys.executable, "-m", "flows.malt_iteration", "--no-wandb", "--run-name", "ft",
-                "--artifacts-root", str(tmp_path / "art")]
+        args = [
+            sys.executable,
+            "-m",
+            "flows.malt_iteration",
+            "--no-wandb",
+            "--run-name",
+            "ft",
+            "--artifacts-root",
+            str(tmp_path / "art"),
+        ]
         args += [f"--set={o}" for o in overrides(server.port)]
         env = dict(os.environ, PYTHONPATH=str(REPO))
         record = tmp_path / "art" / "ft" / "iterations" / "0000" / "fine_tune" / "verifier.json"
-        flow = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        flow = subprocess.Popen(
+            args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         deadline = time.monotonic() + 300
         while not record.exists():
             assert flow.poll() is None, flow.communicate()
@@ -50,11 +59,11 @@ def test_kill_during_fine_tune_then_rerun_submits_each_job_once(tmp_path):
         flow.wait()
         client = server.client()
         running = client.fine_tuning.jobs.list(limit=100).data
-        assert running and any(j.status in ("queued", "running", "validating_files")
-                               for j in running)
+        assert running and any(
+            j.status in ("queued", "running", "validating_files") for j in running
+        )
 
-        rerun = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True,
-                               timeout=600)
+        rerun = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         assert rerun.returncode == 0, rerun.stderr[-3000:]
 
         jobs = client.fine_tuning.jobs.list(limit=100).data
