@@ -19,11 +19,11 @@ import sys
 from prefect import flow
 
 from flows.malt_iteration import (
-    DEFAULT_CONFIG,
     ConfigError,
     prepare_run,
     previous_group_models,
     resolve_hyper_params,
+    run_arguments,
 )
 from nip_core.artifacts import ArtifactError, RunPaths, default_root, read_json
 from nip_core.evaluation import SPLITS, format_metrics
@@ -89,38 +89,13 @@ def require_previous_models(paths: RunPaths, iteration: int) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m flows.evaluate",
-        description="Evaluate a run's current models with one sample per turn "
+    parser = run_arguments(
+        "python -m flows.evaluate",
+        "Evaluate a run's current models with one sample per turn "
         "(verifier accuracy, precision, recall, decision rate, episode length).",
-    )
-    parser.add_argument(
-        "--config", help=f"YAML or JSON hyper-parameters (default: {DEFAULT_CONFIG})"
-    )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="dotted override, repeatable (must match the run's configuration)",
-    )
-    parser.add_argument("--run-name", default="default", help="folder under the artifacts root")
-    parser.add_argument(
-        "--artifacts-root",
-        default=None,
-        help="root folder or fsspec URL (default: $NIP_ARTIFACTS_ROOT or ./artifacts)",
-    )
-    parser.add_argument(
-        "--iteration",
-        type=int,
-        default=0,
-        help="0-based iteration whose models are evaluated (N after N iterations: final models)",
+        "0-based iteration whose models are evaluated (N after N iterations: final models)",
     )
     parser.add_argument("--split", choices=SPLITS, default="test", help="dataset split")
-    parser.add_argument(
-        "--no-wandb", dest="use_wandb", action="store_false", help="do not log to wandb"
-    )
     return parser.parse_args(argv)
 
 

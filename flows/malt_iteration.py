@@ -147,12 +147,9 @@ def format_summary(paths: RunPaths, context: IterationContext, stats: dict) -> s
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m flows.malt_iteration",
-        description="Run or resume one MALT iteration (tree rollouts, expected rewards, "
-        "preference pairs, Parquet datasets).",
-    )
+def run_arguments(prog: str, description: str, iteration_help: str) -> argparse.ArgumentParser:
+    """The options every run command shares (iteration, run folder, configuration, wandb)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument(
         "--config", help=f"YAML or JSON hyper-parameters (default: {DEFAULT_CONFIG})"
     )
@@ -170,12 +167,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="root folder or fsspec URL (default: $NIP_ARTIFACTS_ROOT or ./artifacts)",
     )
-    parser.add_argument("--iteration", type=int, default=0, help="0-based iteration number")
+    parser.add_argument("--iteration", type=int, default=0, help=iteration_help)
     parser.add_argument(
         "--no-wandb",
         dest="use_wandb",
         action="store_false",
         help="do not track with wandb (default: offline wandb run under <run folder>/wandb)",
+    )
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = run_arguments(
+        "python -m flows.malt_iteration",
+        "Run or resume one MALT iteration (tree rollouts, expected rewards, preference pairs, "
+        "Parquet datasets, fine-tuning, model switch).",
+        "0-based iteration number",
     )
     return parser.parse_args(argv)
 

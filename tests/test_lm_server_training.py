@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest_lm import dpo_lines, running_server, sft_lines, upload, wait_job
+from tests.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 PROMPT = [{"role": "user", "content": "Is 3+3=6? Answer."}]
@@ -21,30 +22,7 @@ FAST = {"learning_rate": 0.01, "lora_rank": 8, "seed": 3}
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from nip_core.embedded_model import embedded_model_path
-
-    out = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_path())
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=True,
-    )
-    LlamaForCausalLM(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="module")
