@@ -128,15 +128,34 @@ def trainer_config(options: TrainingOptions, output_dir: str, **overrides: Any):
     return SFTConfig(**common | overrides)
 
 
+CPU_CHECKPOINTING_TOKENS = 1024
+
+
+def batch_tokens(tokenizer, rows: list[dict], options: TrainingOptions) -> int:
+    """Tokens in the largest batch the trainer can see (longest row x sequences per batch)."""
+    longest = 0
+    for row in rows:
+        parts = row.get("messages") or (row.get("prompt", []) + row.get("chosen", []))
+        text = " ".join(m.get("content") or "" for m in parts)
+        longest = max(longest, len(tokenizer(text, add_special_tokens=False)["input_ids"]))
+    sequences = options.batch_size * (2 if options.method == "dpo" else 1)
+    return longest * sequences
+
+
 def build_trainer(options, model, tokenizer, rows, output_dir, peft_config=None, callbacks=()):
     """A ready TRL trainer over the TRL-format `rows`."""
     from datasets import Dataset
     from trl import DPOTrainer, SFTTrainer
 
     trainer_cls = DPOTrainer if options.method == "dpo" else SFTTrainer
+    overrides = {}
+    if not has_cuda() and batch_tokens(tokenizer, rows, options) > CPU_CHECKPOINTING_TOKENS:
+        # Activations of every layer for a long batch dominate CPU memory (~13 GiB for 2 DPO
+        # pairs of ~900 tokens with SmolLM2-135M); recomputing them costs about one forward.
+        overrides["gradient_checkpointing"] = True
     return trainer_cls(
         model=model,
-        args=trainer_config(options, output_dir),
+        args=trainer_config(options, output_dir, **overrides),
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
         peft_config=peft_config,

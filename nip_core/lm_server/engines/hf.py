@@ -28,10 +28,19 @@ class TransformersEngine:
     name = "transformers"
 
     def __init__(
-        self, model: str, *, max_batch: int = 32, default_max_tokens: int = 512, **_: Any
+        self,
+        model: str,
+        *,
+        max_batch: int = 32,
+        max_sequences: int = 8,
+        default_max_tokens: int = 512,
+        **_: Any,
     ) -> None:
         self.model_name = model
         self.max_batch = max_batch
+        # Sequences per `generate` call: bounds the prefill memory (attention and hidden states
+        # of every prompt token) without losing much throughput on a CPU.
+        self.max_sequences = max_sequences
         self.default_max_tokens = default_max_tokens
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
         self._queue: asyncio.Queue[_Pending] | None = None
@@ -160,7 +169,7 @@ class TransformersEngine:
             batch = [await self._queue.get()]
             while not self._queue.empty() and len(batch) < self.max_batch:
                 batch.append(self._queue.get_nowait())
-            for group in _groups(batch):
+            for group in _chunks(_groups(batch), self.max_sequences):
                 try:
                     results = await self._run(self._generate, [r for r, _ in group])
                 except Exception as exc:  # answer every caller, keep serving
@@ -266,3 +275,12 @@ def _groups(batch: list[_Pending]) -> list[list[_Pending]]:
         )
         groups[key].append((request, future))
     return list(groups.values())
+
+
+def _chunks(groups: list[list[_Pending]], max_sequences: int) -> list[list[_Pending]]:
+    """Split groups so one `generate` call holds at most `max_sequences` sequences."""
+    chunks = []
+    for group in groups:
+        per_call = max(1, max_sequences // max(1, group[0][0].n))
+        chunks.extend(group[i : i + per_call] for i in range(0, len(group), per_call))
+    return chunks
