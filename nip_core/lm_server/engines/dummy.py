@@ -56,6 +56,14 @@ class DummyEngine:
 def _canned(request: ChatRequest, index: int) -> ChatChoice:
     """A short answer derived from a hash; sampling (temperature > 0) varies it per index."""
     sampled = request.temperature is None or request.temperature > 0
+    if request.messages and request.messages[0].get("role") == "system":
+        # A game prompt: answer like the pipeline's offline dummy backend (questions, answers,
+        # verdicts), so flows run against this server produce real trees and pairs.
+        from nip_core.agents.clients import DummyChatClient, SamplingParams
+
+        player = DummyChatClient(0, invalid_probability=0.0)
+        sampling = SamplingParams(seed=request.seed)
+        return ChatChoice(player.reply(request.messages, sampling, index if sampled else 0), "stop")
     key = json.dumps([request.model, request.messages, request.seed, index if sampled else 0])
     digest = hashlib.sha256(key.encode()).hexdigest()[:8]
     text = f"Dummy answer {digest} from {request.model}."
