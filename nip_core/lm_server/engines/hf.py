@@ -84,6 +84,10 @@ class TransformersEngine:
     async def release_accelerator(self) -> None:
         if self.device == "cuda":
             await self._run(self._move, "cpu")
+        else:
+            # On CPU the training child shares our RAM: hand the heap freed after generation
+            # (prefill buffers of a whole batch) back to the OS before it starts.
+            await self._run(_return_free_memory)
 
     async def reacquire_accelerator(self) -> None:
         if self.device == "cuda":
@@ -284,3 +288,14 @@ def _chunks(groups: list[list[_Pending]], max_sequences: int) -> list[list[_Pend
         per_call = max(1, max_sequences // max(1, group[0][0].n))
         chunks.extend(group[i : i + per_call] for i in range(0, len(group), per_call))
     return chunks
+
+
+def _return_free_memory() -> None:
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
