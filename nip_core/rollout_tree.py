@@ -300,13 +300,18 @@ def turns_by_node(nodes: pa.Table) -> dict[str, tuple[str | None, Turn | None]]:
     return index
 
 
-def history(index: Mapping[str, tuple[str | None, Turn | None]], node_id: str) -> list[Turn]:
-    """The turns on the path from the root down to `node_id` (inclusive)."""
-    turns: list[Turn] = []
+def path_to_node(index: Mapping[str, tuple[str | None, Turn | None]], node_id: str) -> list[str]:
+    """Node ids from the root's first child down to `node_id` (the nodes that hold a turn)."""
+    ids: list[str] = []
     current: str | None = node_id
     while current is not None:
         parent, turn = index[current]
         if turn is not None:
-            turns.append(turn)
+            ids.append(current)
         current = parent
-    return turns[::-1]
+    return ids[::-1]
+
+
+def history(index: Mapping[str, tuple[str | None, Turn | None]], node_id: str) -> list[Turn]:
+    """The turns on the path from the root down to `node_id` (inclusive)."""
+    return [index[i][1] for i in path_to_node(index, node_id)]

@@ -24,7 +24,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from nip_core.artifacts import ArtifactError, RunPaths, read_json, read_parquet
 from nip_core.episode import DECISION_NAMES, Turn
-from nip_core.rollout_tree import history, turns_by_node
+from nip_core.rollout_tree import history, path_to_node, turns_by_node
 
 TRANSCRIPT_COLUMNS = ["node_id", "round", "agent", "channel", "content", "decision"]
 
@@ -89,18 +89,6 @@ def transcript_rows(turns: list[Turn], node_ids: list[str]) -> list[dict[str, An
                     }
                 )
     return rows
-
-
-def path_to_node(index: Mapping[str, tuple[str | None, Turn | None]], node_id: str) -> list[str]:
-    """Node ids from the root's first child down to `node_id` (the nodes that hold a turn)."""
-    ids: list[str] = []
-    current: str | None = node_id
-    while current is not None:
-        parent, turn = index[current]
-        if turn is not None:
-            ids.append(current)
-        current = parent
-    return ids[::-1]
 
 
 def flatten_stats(manifests: Mapping[int, dict]) -> pd.DataFrame:
