@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -27,38 +26,11 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))  # how Chromium is found and installed lives in one place
+from screenshot_report import QUIET_FLAGS, ensure_chromium  # noqa: E402
+
 DUMMY_OVERRIDES = ["agents._default.use_dummy_api=true", "rl.rollouts_per_iteration=4"]
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--hide-scrollbars",
-    "--window-size=1400,1000",
-    "--virtual-time-budget=15000",
-]
-
-
-def ensure_chromium() -> str:
-    """Path of the chromium binary, installing `chromium` + `chromium-driver` with apt if absent."""
-    found = shutil.which("chromium")
-    if found:
-        return found
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        raise RuntimeError(
-            "chromium is missing; install the Debian packages chromium and "
-            "chromium-driver (apt-get install -y chromium chromium-driver) as root"
-        )
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update"], check=True, env=env)
-    subprocess.run(["apt-get", "install", "-y", "chromium", "chromium-driver"], check=True, env=env)
-    found = shutil.which("chromium")
-    if not found:
-        raise RuntimeError("apt-get installed chromium but it is not on PATH")
-    return found
+CHROMIUM_FLAGS = [*QUIET_FLAGS, "--window-size=1400,1000", "--virtual-time-budget=15000"]
 
 
 def free_port() -> int:
