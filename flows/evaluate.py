@@ -20,6 +20,7 @@ from prefect import flow
 
 from flows.malt_iteration import (
     ConfigError,
+    checked_run_arguments,
     prepare_run,
     previous_group_models,
     resolve_hyper_params,
@@ -102,11 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        resolve_hyper_params(args.config, args.overrides)
-        if args.iteration < 0:
-            raise ConfigError(f"--iteration must be >= 0, got {args.iteration}")
-        root = args.artifacts_root or default_root()
-        require_previous_models(RunPaths.open(root, args.run_name), args.iteration)
+        _, root, paths = checked_run_arguments(args)
+        require_previous_models(paths, args.iteration)
     except (ConfigError, ValueError, ArtifactError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -123,7 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ArtifactError, RunLockedError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    paths = RunPaths.open(root, args.run_name)
     print(f"artifacts: {paths.iteration_dir(args.iteration)}")
     print(f"iteration {args.iteration} {format_metrics(metrics)}")
     return 0

@@ -187,14 +187,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def checked_run_arguments(args: argparse.Namespace) -> tuple[HyperParameters, str, RunPaths]:
+    """What every run command checks before writing anything: (hyper-parameters, root, paths).
+
+    Raises ConfigError or ValueError (bad configuration, negative iteration, bad run name).
+    """
+    hp = resolve_hyper_params(args.config, args.overrides)
+    if args.iteration < 0:
+        raise ConfigError(f"--iteration must be >= 0, got {args.iteration}")
+    root = args.artifacts_root or default_root()
+    return hp, root, RunPaths.open(root, args.run_name)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        hp = resolve_hyper_params(args.config, args.overrides)
-        if args.iteration < 0:
-            raise ConfigError(f"--iteration must be >= 0, got {args.iteration}")
-        root = args.artifacts_root or default_root()
-        RunPaths.open(root, args.run_name)  # validates the run name before anything is written
+        hp, root, paths = checked_run_arguments(args)
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -210,7 +218,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ArtifactError, RunLockedError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    paths = RunPaths.open(root, args.run_name)
     print(format_summary(paths, build_context(hp, args.run_name, args.iteration), stats))
     return 0
 

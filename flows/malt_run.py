@@ -16,6 +16,7 @@ from prefect import flow
 
 from flows.malt_iteration import (
     ConfigError,
+    checked_run_arguments,
     parse_args,
     prepare_run,
     previous_group_models,
@@ -71,9 +72,7 @@ def run_all_iterations(
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        resolve_hyper_params(args.config, args.overrides)
-        root = args.artifacts_root or default_root()
-        RunPaths.open(root, args.run_name)
+        _, root, paths = checked_run_arguments(args)
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -82,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ArtifactError, RunLockedError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"artifacts: {RunPaths.open(root, args.run_name).run_dir}")
+    print(f"artifacts: {paths.run_dir}")
     return 0
 
 
