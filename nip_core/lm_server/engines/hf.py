@@ -47,6 +47,7 @@ class TransformersEngine:
         self._worker: asyncio.Task | None = None
         self._adapters: dict[str, str] = {}  # LoRA adapters inside the PeftModel
         self._full: dict[str, Any] = {}  # full fine-tuned checkpoints, served as their own model
+        self._full_paths: dict[str, str] = {}
         self.base = self.model = self.tokenizer = None
         self.device = "cpu"
 
@@ -85,13 +86,36 @@ class TransformersEngine:
         if self.device == "cuda":
             await self._run(self._move, "cpu")
         else:
-            # On CPU the training child shares our RAM: hand the heap freed after generation
-            # (prefill buffers of a whole batch) back to the OS before it starts.
-            await self._run(_return_free_memory)
+            # On CPU the training child shares our RAM: drop the weights (the next request or
+            # `reacquire_accelerator` reloads them, with every adapter) and hand the freed heap,
+            # generation buffers included, back to the OS before the child starts.
+            await self._run(self._drop_weights)
 
     async def reacquire_accelerator(self) -> None:
         if self.device == "cuda":
             await self._run(self._move, "cuda")
+        else:
+            await self._run(self._ensure_weights)
+
+    @property
+    def weights_loaded(self) -> bool:
+        return self.base is not None
+
+    def _drop_weights(self) -> None:
+        self.base = self.model = None
+        self._full.clear()
+        _return_free_memory()
+
+    def _ensure_weights(self) -> None:
+        """Reload the base model, then every adapter and checkpoint in the order they came."""
+        if self.weights_loaded:
+            return
+        self._load()
+        adapters, self._adapters = self._adapters, {}
+        for name, path in adapters.items():
+            self._load_lora(name, Path(path))
+        for name, path in self._full_paths.items():
+            self._load_full(name, Path(path))
 
     def _move(self, device: str) -> None:
         import torch
@@ -128,6 +152,7 @@ class TransformersEngine:
         config = json.loads((directory / "adapter_config.json").read_text())
         if "r" not in config:
             raise AdapterError(f"{directory} has no usable LoRA adapter config")
+        self._ensure_weights()
         try:
             if not self._adapters:
                 model = PeftModel.from_pretrained(self.base, str(directory), adapter_name=name)
@@ -141,8 +166,10 @@ class TransformersEngine:
     def _load_full(self, name: str, directory: Path) -> None:
         from transformers import AutoModelForCausalLM
 
+        self._ensure_weights()
         model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=self.base.dtype)
         self._full[name] = model.to(self.device).eval()
+        self._full_paths[name] = str(directory)
 
     async def unload_adapter(self, name: str) -> None:
         if name not in self._adapters and name not in self._full:
@@ -150,7 +177,9 @@ class TransformersEngine:
         await self._run(self._unload, name)
 
     def _unload(self, name: str) -> None:
+        self._ensure_weights()
         if self._full.pop(name, None) is not None:
+            del self._full_paths[name]
             return
         del self._adapters[name]
         if self._adapters:
@@ -189,6 +218,7 @@ class TransformersEngine:
         import torch
 
         first = requests[0]
+        self._ensure_weights()
         model = self._select(first.model)
         texts = [
             self.tokenizer.apply_chat_template(
