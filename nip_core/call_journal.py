@@ -56,6 +56,10 @@ class JournaledClient:
         self.replayed = 0
         self._lock = asyncio.Lock()
 
+    async def aclose(self) -> None:
+        if hasattr(self.inner, "aclose"):
+            await self.inner.aclose()
+
     async def complete(self, messages: list[dict], model: str, n: int, sampling: Any) -> list[str]:
         key = call_key(messages, model, n, sampling)
         if key in self.entries:

@@ -103,6 +103,11 @@ class SharedModelGroup:
 
     # ------------------------------------------------------------------ properties
 
+    async def aclose(self) -> None:
+        """Close the fine-tuning client's connection pool (in the loop that used it)."""
+        if self.client is not None and hasattr(self.client, "close"):
+            await self.client.close()
+
     def agent_ids_and_names(self) -> list[tuple[int, str]]:
         return list(enumerate(self.agent_params))
 

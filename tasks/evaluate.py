@@ -16,6 +16,7 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
+from nip_core.agents.clients import close_clients
 from nip_core.artifacts import RunPaths, write_parquet
 from nip_core.call_journal import JournaledClient
 from nip_core.data import datapoints, load_for_parameters
@@ -79,6 +80,13 @@ def evaluation_settings(context: IterationContext, clients: dict, split: str) ->
     )
 
 
+async def _grow_then_close(items, settings, progress):
+    try:
+        return await grow_trees(items, settings, progress)
+    finally:
+        await close_clients(settings.clients.values())
+
+
 def evaluate(
     paths: RunPaths, context: IterationContext, split: str = "test", progress=None
 ) -> dict:
@@ -90,7 +98,7 @@ def evaluate(
         journal_dir = Path(paths.iteration_dir(it)) if paths.is_local else None
         clients = journaled_clients(context, journal_dir, stem)
         settings = evaluation_settings(context, clients, split)
-        nodes = asyncio.run(grow_trees(items, settings, progress))
+        nodes = asyncio.run(_grow_then_close(items, settings, progress))
         table = evaluation_table(
             nodes,
             context.agent_names,

@@ -53,6 +53,10 @@ def groups_for(context: IterationContext) -> dict[str, SharedModelGroup]:
     return groups
 
 
+async def close_groups(groups: dict[str, SharedModelGroup]) -> None:
+    await asyncio.gather(*(g.aclose() for g in groups.values()))
+
+
 async def _submit_and_wait(paths: RunPaths, context: IterationContext, datasets: dict) -> dict:
     it = context.iteration
     groups = groups_for(context)
@@ -94,7 +98,10 @@ async def _submit_and_wait(paths: RunPaths, context: IterationContext, datasets:
         }
 
     names = list(context.trainable_groups)
-    results = await asyncio.gather(*(one(n) for n in names))
+    try:
+        results = await asyncio.gather(*(one(n) for n in names))
+    finally:
+        await close_groups(groups)
     return dict(zip(names, results, strict=True))
 
 
@@ -125,10 +132,13 @@ def switch_models(paths: RunPaths, context: IterationContext) -> dict[str, str]:
         models = dict(context.group_models)
 
         async def switch():
-            for name in context.trainable_groups:
-                record = read_json(paths.fs, paths.iteration_file(it, f"fine_tune/{name}.json"))
-                groups[name].set_state(record["state"])
-                models[name] = await groups[name].switch_to_next_model(it)
+            try:
+                for name in context.trainable_groups:
+                    record = read_json(paths.fs, paths.iteration_file(it, f"fine_tune/{name}.json"))
+                    groups[name].set_state(record["state"])
+                    models[name] = await groups[name].switch_to_next_model(it)
+            finally:
+                await close_groups(groups)
 
         asyncio.run(switch())
         return {}, {"models_after": models}

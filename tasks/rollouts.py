@@ -16,6 +16,7 @@ import pyarrow as pa
 from prefect import task
 
 from nip_core.agents import make_chat_client
+from nip_core.agents.clients import close_clients
 from nip_core.artifacts import (
     RunPaths,
     load_manifest,
@@ -91,7 +92,10 @@ async def _grow_shards(paths, context, settings, shards, progress) -> None:
 
         run_stage(paths, context, stage, compute)
 
-    await asyncio.gather(*(one(i, items) for i, items in enumerate(shards)))
+    try:
+        await asyncio.gather(*(one(i, items) for i, items in enumerate(shards)))
+    finally:
+        await close_clients(settings.clients.values())
 
 
 def grow_all_trees(paths: RunPaths, context: IterationContext, progress=None) -> dict:

@@ -6,7 +6,9 @@ The dummy client is tested in test_clients_dummy.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
+import gc
 import json
 import logging
 import threading
@@ -26,6 +28,7 @@ from nip_core.agents.clients import (
     OpenAIChatClient,
     SamplingParams,
     _parse_retry_after,
+    close_clients,
     make_chat_client,
 )
 
@@ -78,8 +81,8 @@ def ok_with_n(_i: int, body: dict, _h: dict[str, str]) -> Reply:
     return 200, {}, completion_body([f"text {k} of {n}" for k in range(n)])
 
 
-@pytest.fixture
-def server() -> Iterator[FakeServer]:
+@contextlib.contextmanager
+def fake_server(protocol_version: str) -> Iterator[FakeServer]:
     state = FakeServer(url="", script=ok_with_n)
 
     class Handler(BaseHTTPRequestHandler):
@@ -109,14 +112,23 @@ def server() -> Iterator[FakeServer]:
         def log_message(self, *args: object) -> None:
             pass
 
+    Handler.protocol_version = protocol_version
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     httpd.daemon_threads = True
     state.url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
     thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
     thread.start()
-    yield state
-    httpd.shutdown()
-    httpd.server_close()
+    try:
+        yield state
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture
+def server() -> Iterator[FakeServer]:
+    with fake_server("HTTP/1.0") as state:
+        yield state
 
 
 @pytest.fixture
@@ -292,6 +304,34 @@ def test_client_survives_a_new_event_loop(server: FakeServer, key_env: str) -> N
     client = fast_client(server.url, key_env, max_concurrency=2)
     for _ in range(2):  # asyncio.run twice: SDK client and semaphore are rebound
         assert asyncio.run(client.complete(MSGS, "m", 1, SamplingParams())) == ["text 0 of 1"]
+
+
+@pytest.mark.parametrize("closed", [False, True])
+def test_clients_closed_in_their_loop_leave_no_tracebacks_later(
+    closed: bool, key_env: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An open SDK client collected while a later loop runs logs "Event loop is closed"."""
+    with fake_server("HTTP/1.1") as keep_alive:  # a pooled connection stays open
+        client = fast_client(keep_alive.url, key_env)
+
+        async def use() -> None:
+            await client.complete(MSGS, "m", 1, SamplingParams())
+            if closed:
+                await close_clients([client, client])  # duplicates are closed once
+
+        asyncio.run(use())
+
+        async def later_stage() -> None:
+            nonlocal client
+            del client
+            gc.collect()
+            await asyncio.sleep(0.05)
+
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            asyncio.run(later_stage())
+            gc.collect()
+    logged = "\n".join(r.getMessage() + str(r.exc_info) for r in caplog.records)
+    assert ("Event loop is closed" in logged) is not closed
 
 
 def test_retry_after_forms() -> None:

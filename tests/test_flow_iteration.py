@@ -230,3 +230,31 @@ def test_help_documents_the_options():
     ).stdout
     for option in ["--config", "--set", "--run-name", "--artifacts-root", "--iteration"]:
         assert option in out
+
+
+def test_every_client_is_closed_inside_the_loop_that_used_it(
+    prefect_harness, tmp_path, monkeypatch
+):
+    """Open SDK clients collected during a later stage's loop log "Event loop is closed"."""
+    import asyncio
+
+    from nip_core.agents.clients import DummyChatClient
+    from nip_core.model_groups import SharedModelGroup
+
+    closed: list[tuple[str, str]] = []
+
+    async def close_chat(self):
+        asyncio.get_running_loop()  # raises outside a running loop
+        closed.append(("chat", "client"))
+
+    async def close_group(self):
+        asyncio.get_running_loop()
+        closed.append(("group", self.name))
+
+    monkeypatch.setattr(DummyChatClient, "aclose", close_chat, raising=False)
+    monkeypatch.setattr(SharedModelGroup, "aclose", close_group)
+    overrides = [*SMALL, "text_rl.test_scheme=all", "text_rl.test_on_whole_dataset=false"]
+    malt_iteration(overrides=overrides, run_name="close", artifacts_root=str(tmp_path))
+    assert closed.count(("chat", "client")) >= 2  # rollouts, then the test stage
+    for group in ("verifier", "prover"):
+        assert closed.count(("group", group)) == 2  # fine-tune, then switch

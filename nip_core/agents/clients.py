@@ -22,7 +22,7 @@ import random
 import re
 import string
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -380,6 +380,16 @@ def _verifier_reply(rng: random.Random, headers: list[str], forced: bool, p_inva
         return "Decision: reject"
     lines = [f"{header} {_words(rng)}?" for header in headers] or [f"Question: {_words(rng)}?"]
     return "\n".join(lines)
+
+
+async def close_clients(clients: Iterable[Any]) -> None:
+    """Close the connection pools of `clients` (each once) in the running event loop.
+
+    An SDK client left open when `asyncio.run` returns is closed later by the garbage collector,
+    on a loop that no longer exists, which logs "Event loop is closed" tracebacks.
+    """
+    unique = {id(c): c for c in clients}.values()
+    await asyncio.gather(*(c.aclose() for c in unique if hasattr(c, "aclose")))
 
 
 class DummyChatClient:
