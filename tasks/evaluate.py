@@ -9,9 +9,7 @@ One sample per turn on the test split (or the train split for `flows.evaluate --
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -33,8 +31,7 @@ from nip_core.evaluation import (
 from nip_core.iteration_context import IterationContext
 from nip_core.rollout_tree import BatchItem, RolloutSettings, grow_trees
 from tasks.common import run_stage
-from tasks.prefect_artifacts import artifact_key
-from tasks.progress import ProgressArtifact, RolloutProgress
+from tasks.progress import rollout_progress
 from tasks.retry import retry_transient_only
 from tasks.rollouts import chat_clients, rollout_settings
 
@@ -121,24 +118,9 @@ def evaluate(
     return dict(run_stage(paths, context, stage_name(split), compute)["info"])
 
 
-@contextlib.contextmanager
-def evaluation_progress(context: IterationContext, split: str) -> Iterator[RolloutProgress]:
+def evaluation_progress(context: IterationContext, split: str):
     """Terminal bar and Prefect progress artifact of the evaluation's generation."""
-    it, stem = context.iteration, file_stem(split)
-    label = f"iteration {it} {split} evaluation"
-    reporter = RolloutProgress(
-        label,
-        rounds=context.protocol.max_message_rounds,
-        artifact=ProgressArtifact(
-            artifact_key(context.run_name, f"iteration-{it:04d}-{stem}"), label
-        ),
-    )
-    finished = False
-    try:
-        yield reporter
-        finished = True
-    finally:
-        reporter.close(finished)
+    return rollout_progress(context, what=f"{split} evaluation", artifact_name=file_stem(split))
 
 
 # Model calls touch the network: a transient failure retries the stage, and the call journal

@@ -152,11 +152,15 @@ class RolloutProgress:
 
 @contextlib.contextmanager
 def rollout_progress(
-    context: IterationContext, console: Console | None = None
+    context: IterationContext,
+    console: Console | None = None,
+    *,
+    what: str = "rollouts",
+    artifact_name: str = "rollouts",
 ) -> Iterator[RolloutProgress]:
-    """A progress reporter for one iteration's tree generation, closed on exit."""
-    key = artifact_key(context.run_name, f"iteration-{context.iteration:04d}-rollouts")
-    label = f"iteration {context.iteration} rollouts"
+    """A progress reporter for one iteration's tree generation (`what`), closed on exit."""
+    key = artifact_key(context.run_name, f"iteration-{context.iteration:04d}-{artifact_name}")
+    label = f"iteration {context.iteration} {what}"
     reporter = RolloutProgress(
         label,
         rounds=context.protocol.max_message_rounds,
