@@ -12,6 +12,7 @@ import logging
 
 from prefect import task
 
+from nip_core.agents.clients import close_clients
 from nip_core.artifacts import (
     RunPaths,
     load_manifest,
@@ -51,10 +52,6 @@ def groups_for(context: IterationContext) -> dict[str, SharedModelGroup]:
         if context.group_models.get(name) != group.base_model_name:
             group.state.fine_tuned_model_name = context.group_models.get(name)
     return groups
-
-
-async def close_groups(groups: dict[str, SharedModelGroup]) -> None:
-    await asyncio.gather(*(g.aclose() for g in groups.values()))
 
 
 async def _submit_and_wait(paths: RunPaths, context: IterationContext, datasets: dict) -> dict:
@@ -101,7 +98,7 @@ async def _submit_and_wait(paths: RunPaths, context: IterationContext, datasets:
     try:
         results = await asyncio.gather(*(one(n) for n in names))
     finally:
-        await close_groups(groups)
+        await close_clients(groups.values())
     return dict(zip(names, results, strict=True))
 
 
@@ -138,7 +135,7 @@ def switch_models(paths: RunPaths, context: IterationContext) -> dict[str, str]:
                     groups[name].set_state(record["state"])
                     models[name] = await groups[name].switch_to_next_model(it)
             finally:
-                await close_groups(groups)
+                await close_clients(groups.values())
 
         asyncio.run(switch())
         return {}, {"models_after": models}

@@ -140,9 +140,9 @@ def score_only_labelled_positions() -> None:
     keep tile shapes fixed for compilers; CPU eager mode has no such cost. Scoring all positions
     runs the 49k-wide vocabulary projection over the whole conversation and keeps several
     (tokens x 32k) float32 temporaries alive: about 2 GiB for a DPO pair of ~900-token
-    conversations, and a fifth of the step time in `bench/dpo_step.py` (ratio 1.52 -> 1.21). The patch only widens
-    the decision `compact = _use_triton(device)` in `trl.trainer.utils`; the kernels themselves
-    still pick torch tiles on CPU.
+    conversations, and a fifth of the step time in `bench/dpo_step.py` (ratio 1.52 -> 1.21).
+    The patch only widens the decision `compact = _use_triton(device)` in `trl.trainer.utils`;
+    the kernels themselves still pick torch tiles on CPU.
     """
     import trl.trainer.utils as trl_utils
 
@@ -177,10 +177,11 @@ def build_trainer(options, model, tokenizer, rows, output_dir, peft_config=None,
     overrides = {}
     if not has_cuda():
         score_only_labelled_positions()
-    if not has_cuda() and batch_tokens(tokenizer, rows, options) > CPU_CHECKPOINTING_TOKENS:
-        # Activations of every layer for a long batch dominate CPU memory (see the constant);
-        # recomputing them costs about one forward (+25% per step measured on a 850-token pair).
-        overrides["gradient_checkpointing"] = True
+        if batch_tokens(tokenizer, rows, options) > CPU_CHECKPOINTING_TOKENS:
+            # Activations of every layer for a long batch dominate CPU memory (see the
+            # constant); recomputing them costs about one forward (+25% per step measured on
+            # a 850-token pair).
+            overrides["gradient_checkpointing"] = True
     return trainer_cls(
         model=model,
         args=trainer_config(options, output_dir, **overrides),
