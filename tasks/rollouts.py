@@ -45,6 +45,7 @@ def chat_clients(context: IterationContext, journal: Path | None) -> dict[str, o
             params.model_provider,
             params.language_model_server_scheme_host,
             params.language_model_server_port,
+            params.request_timeout_seconds,
         )
         if key not in by_endpoint:
             client = make_chat_client(

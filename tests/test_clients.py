@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 
 from nip_core.agents.clients import (
+    HOSTED_API_TIMEOUT,
+    SELF_HOSTED_TIMEOUT,
     ChatClient,
     DummyChatClient,
     ModelCallError,
@@ -30,7 +32,10 @@ from nip_core.agents.clients import (
     _parse_retry_after,
     close_clients,
     make_chat_client,
+    request_timeout,
 )
+from nip_core.parameters import PureTextAgentParameters
+from tasks.retry import is_transient
 
 SECRET = "sk-test-PLANTED-SECRET-0123456789"
 KEY_ENV = "NIP_TEST_CLIENT_KEY"
@@ -58,7 +63,18 @@ def completion_body(texts: list[str], finish: str = "stop") -> dict:
     }
 
 
-Reply = tuple[int, dict[str, str], dict]  # status, headers, JSON body
+@dataclass(frozen=True)
+class Raw:
+    """A reply body sent byte for byte; `declared_length` may lie (body cut short), `drop`
+    closes the connection without answering."""
+
+    body: bytes = b""
+    content_type: str = "application/json"
+    declared_length: int | None = None
+    drop: bool = False
+
+
+Reply = tuple[int, dict[str, str], "dict | Raw"]  # status, headers, JSON body (or raw bytes)
 Script = Callable[[int, dict, Any], Reply]  # request index, JSON body, headers
 
 
@@ -97,10 +113,15 @@ def fake_server(protocol_version: str) -> Iterator[FakeServer]:
             try:
                 time.sleep(state.delay)
                 status, headers, reply = state.script(index, body, self.headers)
-                payload = json.dumps(reply).encode()
+                raw = reply if isinstance(reply, Raw) else Raw(json.dumps(reply).encode())
+                if raw.drop or raw.declared_length is not None:
+                    self.close_connection = True
+                if raw.drop:
+                    return
+                payload = raw.body
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
+                self.send_header("Content-Type", raw.content_type)
+                self.send_header("Content-Length", str(raw.declared_length or len(payload)))
                 for name, value in headers.items():
                     self.send_header(name, value)
                 self.end_headers()
@@ -256,6 +277,75 @@ def test_openrouter_embedded_errors(server: FakeServer, key_env: str) -> None:
         asyncio.run(client.complete(MSGS, "m", 1, SamplingParams()))
 
 
+GOOD_BODY = json.dumps(completion_body(["fine"])).encode()
+# Replies a proxy or an overloaded server sends with status 200, and the error each one gives.
+GARBAGE: dict[str, tuple[dict | Raw, str]] = {
+    "non-utf8": (Raw(b'{"choices": [{"message": {"content": "caf\xe9"}}]}'), "not UTF-8"),
+    "html": (
+        Raw(b"<html><body><h1>502 Bad Gateway</h1></body></html>", "text/html"),
+        r"text/html.*an HTML page, not JSON.*body starts '<html><body><h1>502",
+    ),
+    "truncated-json": (Raw(GOOD_BODY[:40]), "not valid JSON"),
+    "empty": (Raw(b""), "empty body"),
+    "json-list": (Raw(b"[1, 2]"), "JSON list, not an object"),
+    "no-choices": ({"id": "cmpl-1", "object": "chat.completion"}, "no 'choices'"),
+    "choices-not-list": ({"choices": "oops"}, "'choices' is a str"),
+    "choice-not-object": ({"choices": ["text"]}, r"choices\[0\] is a str"),
+    "content-not-string": (
+        {"choices": [{"index": 0, "message": {"content": {"x": 1}}, "finish_reason": "stop"}]},
+        r"choices\[0\]\.message\.content is a dict",
+    ),
+    "cut-short": (
+        Raw(GOOD_BODY, declared_length=len(GOOD_BODY) + 100),
+        "APIConnectionError.*peer closed connection without sending complete message body",
+    ),
+    "hang-up": (Raw(drop=True), "APIConnectionError.*disconnected without sending a response"),
+}
+
+
+def test_unreadable_replies_are_retried_until_a_good_one(
+    server: FakeServer, key_env: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each kind of garbage once (one request each, in order), then a valid completion."""
+    garbage = [reply for reply, _ in GARBAGE.values()]
+    server.script = lambda i, b, h: (
+        (200, {}, garbage[i]) if i < len(garbage) else ok_with_n(i, b, h)
+    )
+    client = fast_client(server.url, key_env, max_retries=len(garbage))
+    with caplog.at_level(logging.WARNING, logger="nip_core.agents.clients"):
+        texts = asyncio.run(client.complete(MSGS, "m", 1, SamplingParams()))
+    assert texts == ["text 0 of 1"]
+    assert client.retries == len(garbage) and len(server.bodies) == len(garbage) + 1
+    unreadable = [r for r in caplog.records if "unreadable reply (HTTP 200" in r.getMessage()]
+    assert len(unreadable) == len(garbage) - 2  # the cut-short and hung-up ones: connection errors
+
+
+@pytest.mark.parametrize("kind", list(GARBAGE))
+def test_unreadable_reply_every_time_fails_transient_with_a_clear_error(
+    kind: str, server: FakeServer, key_env: str
+) -> None:
+    reply, message = GARBAGE[kind]
+    server.script = lambda i, b, h: (200, {}, reply)
+    client = fast_client(server.url, key_env, max_retries=2)
+    with pytest.raises(ModelCallError, match=message) as info:
+        asyncio.run(client.complete(MSGS, "m", 1, SamplingParams()))
+    assert str(info.value).startswith("gave up after 3 attempts (model 'm' at http://127.0.0.1:")
+    assert "\n" not in str(info.value)
+    assert info.value.transient and is_transient(info.value)  # a Prefect retry may try again
+    assert len(server.bodies) == 3 and client.retries == 2
+
+
+def test_empty_choices_are_still_asked_again_not_backed_off(
+    server: FakeServer, key_env: str
+) -> None:
+    """A well-formed reply with no usable choice is an unusable answer, as before."""
+    server.script = lambda i, b, h: (200, {}, completion_body([]))
+    client = fast_client(server.url, key_env, max_retries=0)
+    with pytest.raises(ModelCallError, match="no choices returned") as info:
+        asyncio.run(client.complete(MSGS, "m", 1, SamplingParams()))
+    assert not info.value.transient and len(server.bodies) == 4
+
+
 def test_concurrency_is_bounded(server: FakeServer, key_env: str) -> None:
     server.delay = 0.1
     client = fast_client(server.url, key_env, max_concurrency=3)
@@ -370,3 +460,46 @@ def test_factory_picks_provider(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="Anthropic"):
         make_chat_client({"model_provider": "Anthropic"})
     assert all(isinstance(c, ChatClient) for c in (openai_client, router, local))
+
+
+def test_request_timeout_is_an_agent_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    monkeypatch.setenv("OPENROUTER_API_KEY", SECRET)
+    monkeypatch.delenv("NIP_LM_SERVER_TOKEN", raising=False)
+    self_hosted = PureTextAgentParameters(model_provider="SelfHosted")
+    assert make_chat_client(self_hosted).timeout == SELF_HOSTED_TIMEOUT == 900.0
+    assert make_chat_client(PureTextAgentParameters()).timeout == HOSTED_API_TIMEOUT == 120.0
+    assert make_chat_client({"model_provider": "OpenRouter"}).timeout == HOSTED_API_TIMEOUT
+    for provider in ("SelfHosted", "OpenAI"):
+        params = PureTextAgentParameters(model_provider=provider, request_timeout_seconds=30)
+        client = make_chat_client(params)
+        assert client.timeout == 30.0 and request_timeout(params) == 30.0
+
+        async def sdk_timeout(client: OpenAIChatClient = client) -> object:
+            sdk, _ = client._bind()
+            timeout = sdk.timeout
+            await client.aclose()
+            return timeout
+
+        assert asyncio.run(sdk_timeout()) == 30.0  # what the SDK client is built with
+    assert request_timeout({"model_provider": "SelfHosted", "request_timeout_seconds": 2.5}) == 2.5
+    for bad in (0, -1.0, float("inf"), "30", True):
+        with pytest.raises(ValueError, match="request_timeout_seconds"):
+            request_timeout({"request_timeout_seconds": bad})
+    with pytest.raises(ValueError, match="request_timeout_seconds: must be > 0"):
+        PureTextAgentParameters(request_timeout_seconds=0)
+
+
+def test_request_timeout_setting_times_out_a_slow_server(server: FakeServer, key_env: str) -> None:
+    server.delay = 1.0
+    params = {"model_provider": "SelfHosted", "request_timeout_seconds": 0.2}
+    client = OpenAIChatClient(
+        server.url, key_env, timeout=request_timeout(params), max_retries=0, backoff_base=0.0
+    )
+    start = time.perf_counter()
+    with pytest.raises(ModelCallError, match="Timeout"):
+        asyncio.run(client.complete(MSGS, "m", 1, SamplingParams()))
+    assert time.perf_counter() - start < 0.9
+    deadline = time.monotonic() + 5  # let the server finish its late answer inside this test
+    while server.active and time.monotonic() < deadline:
+        time.sleep(0.05)

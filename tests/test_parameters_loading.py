@@ -119,6 +119,12 @@ def test_override_of_unlisted_agent_starts_from_default():
         ("rl.no_such=1", KeyError, "no_such"),
         ("seed.x=1", KeyError, "continues past"),
         ("rl.num_iterations", ValueError, "dotted.key=value"),
+        ("rl.learning_rate=1e-2x", ValueError, "^override 'rl.learning_rate': expected float, got"),
+        ("rl.learning_rate=1,5", ValueError, "'rl.learning_rate': expected float, got '1,5'"),
+        ("rl.learning_rate=0.0.1", ValueError, "'rl.learning_rate': expected float"),
+        ("rl.learning_rate=-1e-2", ValueError, "learning_rate: must be > 0"),
+        ("agents.verifier.request_timeout_seconds=0", ValueError, "must be > 0"),
+        ("agents.verifier.request_timeout_seconds=soon", ValueError, "expected float | None"),
     ],
 )
 def test_bad_overrides(override, error, message):
@@ -229,3 +235,151 @@ def test_conversions_chain_in_order(monkeypatch):
 def test_foreign_package_dicts_count_as_unversioned():
     d = {**CONFIG, "interaction_protocol": "pvg", "_package_name": "nip", "_package_version": "1.0"}
     assert HyperParameters.from_dict(d).interaction_protocol == "nip"
+
+
+# -- numbers ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("1e-2", 0.01),
+        ("1E-2", 0.01),
+        ("5e-5", 5e-5),
+        ("1.0e-5", 1e-5),
+        ("1.0E+5", 1e5),
+        ("+1e3", 1000.0),
+        ("2e0", 2.0),
+        (".5", 0.5),
+        ("5.", 5.0),
+        ("0.25", 0.25),
+        ("1_000", 1000.0),
+        ("1_000.5", 1000.5),
+        ("3", 3.0),
+        ("010", 10.0),
+    ],
+)
+def test_float_fields_take_every_usual_spelling(raw, expected):
+    params = apply_overrides(HyperParameters.from_dict(CONFIG), [f"rl.learning_rate={raw}"])
+    assert params.rl.learning_rate == expected and type(params.rl.learning_rate) is float
+
+
+def test_negative_and_leading_dot_floats():
+    new = apply_overrides(
+        HyperParameters.from_dict(CONFIG),
+        ["protocol_common.verifier_incorrect_penalty=-.5", "protocol_common.prover_reward=-3"],
+    )
+    assert new.protocol_common.verifier_incorrect_penalty == -0.5
+    assert new.protocol_common.prover_reward == -3.0
+    assert type(new.protocol_common.prover_reward) is float
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("12", 12), ("1e1", 10), ("1.5e1", 15), ("2E+1", 20), ("10.0", 10), ("1_0", 10), ("010", 10)],
+)
+def test_int_fields_take_whole_numbers_in_any_spelling(raw, expected):
+    params = apply_overrides(HyperParameters.from_dict(CONFIG), [f"rl.num_iterations={raw}"])
+    assert params.rl.num_iterations == expected and type(params.rl.num_iterations) is int
+
+
+def test_int_spelled_with_an_exponent_is_exact():
+    base = HyperParameters.from_dict(CONFIG)
+    new = apply_overrides(base, ["seed=123456789012345678901e1"])  # beyond float precision
+    assert new.seed == 1234567890123456789010
+
+
+@pytest.mark.parametrize("raw", ["1.5", "1e-1", "1.05e1", "2.5E0"])
+def test_int_fields_reject_fractions(raw):
+    with pytest.raises(
+        ValueError, match=f"^override 'rl.num_iterations': expected int, got '{raw}'$"
+    ):
+        apply_overrides(HyperParameters.from_dict(CONFIG), [f"rl.num_iterations={raw}"])
+
+
+@pytest.mark.parametrize(
+    ("override", "expects"),
+    [
+        ("rl.learning_rate=inf", "float"),
+        ("rl.learning_rate=-inf", "float"),
+        ("rl.learning_rate=.inf", "float"),
+        ("rl.learning_rate=-.Inf", "float"),
+        ("rl.learning_rate=nan", "float"),
+        ("rl.learning_rate=.NaN", "float"),
+        ("rl.learning_rate=1e999", "float"),
+        ("rl.num_iterations=.inf", "int"),
+        ("agents.verifier.temperature=inf", "float | None"),
+    ],
+)
+def test_infinity_and_nan_are_rejected(override, expects):
+    key, _, raw = override.partition("=")
+    message = rf"^override '{key}': expected a finite number \({expects}\), got '{raw}'$"
+    with pytest.raises(ValueError, match=message):
+        apply_overrides(HyperParameters.from_dict(CONFIG), [override])
+
+
+def test_numeric_looking_strings_stay_strings_through_save_and_load(tmp_path):
+    overrides = ["agents.verifier.model_name=1e3", "agents.prover0.model_name=010"]
+    overrides.append("agents.prover1.model_name=inf")
+    params = apply_overrides(HyperParameters.from_dict(CONFIG), overrides)
+    names = [params.agents[a].model_name for a in ("verifier", "prover0", "prover1")]
+    assert names == ["1e3", "010", "inf"]
+    for suffix in (".yaml", ".json"):
+        path = save_hyper_params(params, tmp_path / f"saved{suffix}")
+        assert load_hyper_params(path) == params
+
+
+CONFIG_WITH_EXPONENTS = """
+scenario: code_validation
+trainer: pure_text_malt
+dataset: humaneval-buggy
+agents:
+  _default: {use_dummy_api: true, lora_dropout: 5e-2, request_timeout_seconds: 3e2}
+  verifier: {temperature: .7, dpo_beta: 1E-1}
+rl:
+  learning_rate: 1e-2
+  num_iterations: 04
+protocol_common:
+  verifier_incorrect_penalty: -.5
+"""
+
+
+def test_yaml_files_read_exponents_as_floats(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(CONFIG_WITH_EXPONENTS)
+    params = load_hyper_params(path, ["rl.learning_rate=5e-5"])
+    assert load_hyper_params(path).rl.learning_rate == 0.01
+    assert params.rl.learning_rate == 5e-5 and params.rl.num_iterations == 4
+    verifier, prover = params.agents["verifier"], params.agents["prover0"]
+    assert (verifier.temperature, verifier.dpo_beta, prover.lora_dropout) == (0.7, 0.1, 0.05)
+    assert prover.request_timeout_seconds == 300.0
+    assert params.protocol_common.verifier_incorrect_penalty == -0.5
+    saved = save_hyper_params(params, tmp_path / "saved.yaml")
+    assert load_hyper_params(saved) == params
+
+
+def test_yaml_file_with_fractional_int_names_the_field(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(CONFIG_WITH_EXPONENTS.replace("num_iterations: 04", "num_iterations: 1e1"))
+    with pytest.raises(ValueError, match=r"num_iterations: expected int, got float 10\.0"):
+        load_hyper_params(path)
+
+
+def test_request_timeout_is_an_agent_parameter_that_round_trips(tmp_path):
+    params = HyperParameters.from_dict(CONFIG)
+    assert params.agents["verifier"].request_timeout_seconds is None
+    new = apply_overrides(
+        params,
+        [
+            "agents.verifier.request_timeout_seconds=1.5e2",
+            "agents.prover0.request_timeout_seconds=30",
+        ],
+    )
+    assert new.agents["verifier"].request_timeout_seconds == 150.0
+    assert new.agents["prover0"].request_timeout_seconds == 30.0
+    assert new.agents["prover1"].request_timeout_seconds is None
+    assert HyperParameters.from_dict(new.to_dict()) == new
+    for suffix in (".yaml", ".json"):
+        assert load_hyper_params(save_hyper_params(new, tmp_path / f"s{suffix}")) == new
+    back = apply_overrides(new, ["agents.verifier.request_timeout_seconds=null"])
+    assert back.agents["verifier"].request_timeout_seconds is None

@@ -7,6 +7,10 @@ prover replies the protocols expect. `make_chat_client` picks one from an agent'
 
 Unlike the reference, calls are async (many in flight at once, see nip §8.1), HTTP 429 is retried
 (§8.21) and the dummy's randomness comes from a stable hash, never Python's salted `hash` (§8.18).
+
+Transient failures (429, 408, 5xx, timeouts, dropped connections and unreadable replies: a body
+that is not UTF-8, not JSON, e.g. a proxy's HTML page, cut short, or JSON without a `choices`
+list) are retried with backoff; once retries run out they raise `ModelCallError(transient=True)`.
 """
 
 from __future__ import annotations
@@ -32,7 +36,11 @@ log = logging.getLogger(__name__)
 
 OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
 SELF_HOSTED_TOKEN_ENV = "NIP_LM_SERVER_TOKEN"
+# Default seconds per request when an agent leaves `request_timeout_seconds` unset: a self-hosted
+# CPU server answers a whole batched tree level at once, so it gets much longer than an API.
 SELF_HOSTED_TIMEOUT = 900.0
+HOSTED_API_TIMEOUT = 120.0
+_BODY_SNIPPET_CHARS = 80  # how much of an unreadable reply body an error message quotes
 _MAX_RETRY_AFTER = 300.0  # never sleep longer than this on a server's Retry-After
 _INVALID_CHOICE_RETRIES = 3  # content-filtered / empty answers tolerated per `complete`
 
@@ -146,26 +154,81 @@ def _request_kwargs(
     return kwargs
 
 
-def _embedded_error(response: Any) -> dict | None:
+class _UnreadableReply(Exception):
+    """A 2xx reply whose body is not a chat completion (garbled, truncated, wrong shape)."""
+
+
+def _decode_body(body: bytes) -> dict:
+    """The JSON object in a reply body (`_UnreadableReply` naming what is wrong with it)."""
+    if not body.strip():
+        raise _UnreadableReply("empty body")
+    try:
+        data = json.loads(body)  # bytes: UTF-8 (with or without BOM), or UTF-16/32 like the SDK
+    except UnicodeDecodeError as exc:
+        raise _UnreadableReply(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        html = body.lstrip()[:1] == b"<"
+        kind = "an HTML page, not JSON" if html else "not valid JSON (truncated or garbled)"
+        raise _UnreadableReply(
+            f"{kind} ({exc.msg}, line {exc.lineno} column {exc.colno})"
+        ) from None
+    if not isinstance(data, dict):
+        raise _UnreadableReply(f"JSON {type(data).__name__}, not an object")
+    return data
+
+
+def _embedded_error(data: dict) -> dict | None:
     """OpenRouter reports some failures inside a 200 body as `{"error": {"code", "message"}}`."""
-    extra = getattr(response, "model_extra", None) or {}
-    error = extra.get("error")
+    error = data.get("error")
     return error if isinstance(error, dict) else None
 
 
-def _split_choices(response: Any) -> tuple[list[str], list[str]]:
-    """(usable texts in choice-index order, reasons for unusable choices)."""
-    choices = sorted(getattr(response, "choices", None) or [], key=lambda c: c.index)
+def _split_choices(data: dict) -> tuple[list[str], list[str]]:
+    """(usable texts in choice-index order, reasons for unusable choices).
+
+    A body that is not shaped like a chat completion raises `_UnreadableReply`; an empty
+    `choices` list, a filtered choice or one without content are well-formed but unusable.
+    """
+    choices = data.get("choices")
+    if not isinstance(choices, list):
+        what = "no 'choices'" if choices is None else f"'choices' is a {type(choices).__name__}"
+        raise _UnreadableReply(f"not a chat completion: {what}, expected a list")
+    parsed: list[tuple[int, Any, Any]] = []
+    for position, choice in enumerate(choices):
+        where = f"not a chat completion: choices[{position}]"
+        if not isinstance(choice, dict):
+            raise _UnreadableReply(f"{where} is a {type(choice).__name__}, not an object")
+        index = choice.get("index", position)
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise _UnreadableReply(f"{where}.index is {index!r}, not an int")
+        message = choice.get("message")
+        if message is not None and not isinstance(message, dict):
+            raise _UnreadableReply(f"{where}.message is a {type(message).__name__}, not an object")
+        content = message.get("content") if message is not None else None
+        if content is not None and not isinstance(content, str):
+            raise _UnreadableReply(f"{where}.message.content is a {type(content).__name__}")
+        parsed.append((index, choice.get("finish_reason"), content))
     texts, bad = [], []
-    for choice in choices:
-        content = choice.message.content if choice.message is not None else None
-        if choice.finish_reason == "content_filter":
+    for _, finish_reason, content in sorted(parsed, key=lambda c: c[0]):
+        if finish_reason == "content_filter":
             bad.append("finish_reason 'content_filter'")
         elif content is None:
-            bad.append(f"content is None (finish_reason {choice.finish_reason!r})")
+            bad.append(f"content is None (finish_reason {finish_reason!r})")
         else:
             texts.append(content)  # "length" is accepted: the truncated text is kept
     return texts, bad
+
+
+def _unreadable_detail(http_response: Any, problem: str) -> str:
+    """One line naming the status, content type, size and start of an unreadable reply."""
+    body = http_response.content
+    content_type = http_response.headers.get("content-type", "no content-type")
+    snippet = body[:_BODY_SNIPPET_CHARS].decode("utf-8", "replace")
+    more = "..." if len(body) > _BODY_SNIPPET_CHARS else ""
+    return (
+        f"unreadable reply (HTTP {http_response.status_code}, {content_type}, {len(body)} bytes):"
+        f" {problem}; body starts {snippet!r}{more}"
+    )
 
 
 class OpenAIChatClient:
@@ -261,8 +324,8 @@ class OpenAIChatClient:
         model = kwargs["model"]
         async with semaphore:
             self.calls += 1
-            try:
-                response = await sdk.chat.completions.create(**kwargs)
+            try:  # the raw reply: its body is read here, and judged by `_read_reply`
+                raw = await sdk.chat.completions.with_raw_response.create(**kwargs)
             except openai.APIStatusError as exc:
                 detail = f"HTTP {exc.status_code}: {exc.message}"
                 if _is_transient_status(exc.status_code):
@@ -270,20 +333,38 @@ class OpenAIChatClient:
                     raise _TransientError(detail, exc.status_code, retry_after) from None
                 raise self._permanent(detail, model, exc.status_code) from None
             except openai.APIConnectionError as exc:  # includes APITimeoutError
-                raise _TransientError(f"{type(exc).__name__}: {exc}", None) from None
+                cause = exc.__cause__  # e.g. a body cut short: "peer closed connection ..."
+                why = f" ({type(cause).__name__}: {cause})" if cause and str(cause) else ""
+                raise _TransientError(f"{type(exc).__name__}: {exc}{why}", None) from None
+            except openai.APIResponseValidationError as exc:  # a reply the SDK could not read
+                detail = _unreadable_detail(exc.response, str(exc))
+                raise _TransientError(detail, exc.status_code) from None
             except openai.APIError as exc:
                 raise self._permanent(f"{type(exc).__name__}: {exc}", model, None) from None
-        error = _embedded_error(response)
-        if error is not None:
-            code = error.get("code")
-            code = int(code) if isinstance(code, str) and code.isdigit() else code
-            detail = f"provider error {code}: {error.get('message', '')}"
-            if isinstance(code, int) and _is_transient_status(code):
-                raise _TransientError(detail, code)
-            if code == 402:
-                detail += " (insufficient credits)"
-            raise self._permanent(detail, model, code if isinstance(code, int) else None)
-        return _split_choices(response)
+        return self._read_reply(raw.http_response, model)
+
+    def _read_reply(self, http_response: Any, model: str) -> tuple[list[str], list[str]]:
+        """Texts and unusable-choice reasons of a 2xx reply; an unreadable body is transient.
+
+        A proxy or overloaded server may answer 200 with non-UTF-8 bytes, an HTML error page,
+        JSON cut short or JSON of another shape: like a 5xx, asking again usually works.
+        """
+        try:
+            data = _decode_body(http_response.content)
+            error = _embedded_error(data)
+            if error is None:
+                return _split_choices(data)
+        except _UnreadableReply as exc:
+            detail = _unreadable_detail(http_response, str(exc))
+            raise _TransientError(detail, http_response.status_code) from None
+        code = error.get("code")
+        code = int(code) if isinstance(code, str) and code.isdigit() else code
+        detail = f"provider error {code}: {error.get('message', '')}"
+        if isinstance(code, int) and _is_transient_status(code):
+            raise _TransientError(detail, code)
+        if code == 402:
+            detail += " (insufficient credits)"
+        raise self._permanent(detail, model, code if isinstance(code, int) else None)
 
     async def _create_with_retries(self, kwargs: dict[str, Any]) -> tuple[list[str], list[str]]:
         for attempt in range(self.max_retries + 1):
@@ -451,14 +532,32 @@ def _param(agent_params: Any, name: str, default: Any = None) -> Any:
     return getattr(agent_params, name, default)
 
 
+def request_timeout(agent_params: Any) -> float:
+    """Seconds one model request of this agent may take before it counts as timed out.
+
+    The agent's `request_timeout_seconds` when set, else `SELF_HOSTED_TIMEOUT` (900 s) for
+    `model_provider="SelfHosted"` and `HOSTED_API_TIMEOUT` (120 s) for OpenAI and OpenRouter.
+    """
+    value = _param(agent_params, "request_timeout_seconds", None)
+    if value is None:
+        self_hosted = _param(agent_params, "model_provider", "OpenAI") == "SelfHosted"
+        return SELF_HOSTED_TIMEOUT if self_hosted else HOSTED_API_TIMEOUT
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"request_timeout_seconds must be a number, got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"request_timeout_seconds must be > 0 and finite, got {value!r}")
+    return float(value)
+
+
 def make_chat_client(
     agent_params: Any, *, max_concurrency: int = 32, dummy_seed: int = 0
 ) -> ChatClient:
     """Build the client an agent's parameters ask for.
 
-    Reads `use_dummy_api`, `model_provider` ("OpenAI" | "OpenRouter" | "SelfHosted") and, for
-    self-hosting, `language_model_server_scheme_host` / `language_model_server_port`. Callers
-    cache clients per (base_url, key env); this function always builds a new one.
+    Reads `use_dummy_api`, `model_provider` ("OpenAI" | "OpenRouter" | "SelfHosted"),
+    `request_timeout_seconds` (see `request_timeout`) and, for self-hosting,
+    `language_model_server_scheme_host` / `language_model_server_port`. Callers cache clients
+    per (base_url, key env); this function always builds a new one.
     """
     if _param(agent_params, "use_dummy_api", False):
         # Test knobs: a simulated latency and a call log shared across processes.
@@ -468,9 +567,7 @@ def make_chat_client(
         client.call_log = os.environ.get("NIP_DUMMY_CALL_LOG") or None
         return client
     base_url, key_env = api_endpoint(agent_params)
-    # A self-hosted CPU server answers a whole batched tree level at once: allow it time.
-    self_hosted = _param(agent_params, "model_provider", "OpenAI") == "SelfHosted"
-    timeout = SELF_HOSTED_TIMEOUT if self_hosted else 120.0
+    timeout = request_timeout(agent_params)
     return OpenAIChatClient(base_url, key_env, max_concurrency=max_concurrency, timeout=timeout)
 
 

@@ -113,6 +113,12 @@ class PureTextAgentParameters(AgentParameters):
     max_response_words: int = 150
     max_tokens_per_message: int | None = None
     num_invalid_generation_retries: int = 20
+    request_timeout_seconds: float | None = None
+    """Seconds one model request may take before it times out (and is retried as transient).
+
+    None keeps the defaults: 900 s for `model_provider="SelfHosted"` (a CPU server answers a
+    whole batched tree level in one go) and 120 s for OpenAI/OpenRouter (not the SDK's 600 s,
+    so a stuck connection is retried soon). Not a nip field; must be > 0 when set."""
 
     @classmethod
     def construct_test_params(cls) -> Self:

@@ -109,6 +109,9 @@ def _agent_rules(p: Any) -> None:
     _require(0 <= p.lora_dropout < 1, f"{name}.lora_dropout: must be in [0, 1)")
     if p.max_tokens_per_message is not None:
         _require(p.max_tokens_per_message >= 1, f"{name}.max_tokens_per_message: must be >= 1")
+    timeout = p.request_timeout_seconds
+    if timeout is not None:
+        _require(timeout > 0, f"{name}.request_timeout_seconds: must be > 0, got {timeout}")
 
 
 @rule("PureTextMaltParameters")
