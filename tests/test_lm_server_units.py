@@ -8,6 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from nip_core.chat_format import fold_speaker_names
+from nip_core.lm_server.app import _chat_request
 from nip_core.lm_server.datasets import DatasetError, parse_dataset
 from nip_core.lm_server.options import OptionsError, TrainingOptions, parse_options
 
@@ -26,9 +28,29 @@ def test_dpo_line_becomes_trl_preference_row():
     }
 
 
-def test_supervised_keeps_role_and_content_only():
-    line = {"messages": [dict(MSG, name="prover"), ANSWER]}
-    assert parse_dataset(json.dumps(line) + "\n\n", "supervised") == [{"messages": [MSG, ANSWER]}]
+def test_supervised_folds_speaker_names_into_the_content():
+    line = {"messages": [dict(MSG, name="prover0", extra=1), ANSWER]}
+    assert parse_dataset(json.dumps(line) + "\n\n", "supervised") == [
+        {"messages": [{"role": "user", "content": "prover0: q"}, ANSWER]}
+    ]
+
+
+def test_speaker_names_reach_generation_and_training_the_same_way():
+    """Two provers' messages stay distinguishable to the model, identically in both paths."""
+    messages = [
+        {"role": "system", "content": "judge"},
+        {"role": "user", "content": "yes", "name": "prover0"},
+        {"role": "user", "content": "no", "name": "prover1"},
+    ]
+    served = _chat_request({"messages": messages}, "m").messages
+    line = {
+        "input": {"messages": messages},
+        "preferred_output": [ANSWER],
+        "non_preferred_output": [{"role": "assistant", "content": "b"}],
+    }
+    (trained,) = parse_dataset(json.dumps(line), "dpo")
+    assert served == trained["prompt"] == fold_speaker_names(messages)
+    assert [m["content"] for m in served] == ["judge", "prover0: yes", "prover1: no"]
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request, UploadFile
 from fastapi.responses import JSONResponse
 
 import nip_core
+from nip_core.chat_format import fold_speaker_names
 from nip_core.lm_server.engines.base import AdapterError, ChatRequest, InferenceEngine
 from nip_core.lm_server.jobs import JobError, JobManager, public_job
 from nip_core.lm_server.store import StateDir
@@ -59,7 +60,10 @@ def _chat_request(body: dict, engine_model: str) -> ChatRequest:
         not isinstance(messages, list)
         or not messages
         or not all(
-            isinstance(m, dict) and isinstance(m.get("content"), str) and "role" in m
+            isinstance(m, dict)
+            and isinstance(m.get("content"), str)
+            and "role" in m
+            and isinstance(m.get("name") or "", str)
             for m in messages
         )
     ):
@@ -69,7 +73,7 @@ def _chat_request(body: dict, engine_model: str) -> ChatRequest:
     n = body.get("n", 1) or 1
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 256:
         raise JobError(f"n must be an integer in [1, 256], got {n!r}", 400, "n")
-    clean = [{"role": m["role"], "content": m["content"]} for m in messages]
+    clean = fold_speaker_names(messages)  # chat templates drop `name`: keep who spoke
     sampling = {key: _sampling_value(body, key) for key in _SAMPLING}
     return ChatRequest(model=engine_model, messages=clean, n=n, **sampling)
 

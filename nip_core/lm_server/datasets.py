@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from nip_core.chat_format import fold_speaker_names
+
 METHODS = ("supervised", "dpo")
 _ROLES = ("system", "user", "assistant")
 
@@ -48,7 +50,11 @@ def parse_dataset(text: str, method: str) -> list[dict]:
 
 
 def _message(value: Any, where: str) -> dict:
-    """One clean chat message (only role and content kept: chat templates ignore the rest)."""
+    """One clean chat message: role and content, with a speaker `name` folded into the content.
+
+    Chat templates drop `name`, so it is folded exactly as the server folds it when generating
+    (`fold_speaker_names`): the model is trained on the text it was shown.
+    """
     if not isinstance(value, dict):
         raise DatasetError(f"{where} must be an object with 'role' and 'content'")
     role, content = value.get("role"), value.get("content")
@@ -56,7 +62,10 @@ def _message(value: Any, where: str) -> dict:
         raise DatasetError(f"{where} has role {role!r}; expected one of {_ROLES}")
     if not isinstance(content, str):
         raise DatasetError(f"{where} needs a string 'content'")
-    return {"role": role, "content": content}
+    name = value.get("name")
+    if name is not None and not isinstance(name, str):
+        raise DatasetError(f"{where} has a non-string 'name'")
+    return fold_speaker_names([{"role": role, "content": content, "name": name}])[0]
 
 
 def _messages(value: Any, where: str) -> list[dict]:
