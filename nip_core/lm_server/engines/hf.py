@@ -1,17 +1,24 @@
 """The transformers engine: serves a causal LM and its PEFT adapters on CPU or one CUDA GPU.
 
-Pending requests are collected into one `generate` call (left padding, n samples through
+Pending requests are collected into few, large `generate` calls (left padding, n samples through
 `num_return_sequences`), grouped by model/adapter and sampling settings because one call takes one
-set of them. All model work runs on a single worker thread, so the event loop stays responsive and
-adapter swaps never race a generation. Seeded sampling requests run alone, so their answers depend
-only on the request.
+set of them. Within a group, requests are sorted by prompt length and packed into calls bounded
+by a sequence count and a token budget (sequences x (longest prompt + new tokens), which bounds
+the KV cache): large batches are what make CPU generation fast (about 2x tokens/s from batch 8 to
+64 on the embedded model), and length buckets keep padding low. All model work runs on a single
+worker thread, so the event loop stays responsive and adapter swaps never race a generation; the
+event loop counts tokens with a tokenizer of its own (a fast tokenizer's padding state is not
+thread-safe).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import re
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -31,24 +38,28 @@ class TransformersEngine:
         self,
         model: str,
         *,
-        max_batch: int = 32,
-        max_sequences: int = 8,
+        max_batch: int = 512,
+        max_sequences: int = 64,
+        max_batch_tokens: int = 24_576,
         default_max_tokens: int = 512,
         **_: Any,
     ) -> None:
         self.model_name = model
         self.max_batch = max_batch
-        # Sequences per `generate` call: bounds the prefill memory (attention and hidden states
-        # of every prompt token) without losing much throughput on a CPU.
+        # One `generate` call holds at most `max_sequences` sequences and
+        # `max_batch_tokens` = sequences x (longest prompt + max new tokens): the token budget
+        # bounds the KV cache (about 46 kB a token for SmolLM2-135M in fp32, so ~1.1 GB).
         self.max_sequences = max_sequences
+        self.max_batch_tokens = max_batch_tokens
         self.default_max_tokens = default_max_tokens
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
         self._queue: asyncio.Queue[_Pending] | None = None
         self._worker: asyncio.Task | None = None
         self._adapters: dict[str, str] = {}  # LoRA adapters inside the PeftModel
+        self._peft_names: dict[str, str] = {}  # served name -> PEFT adapter name (no dots)
         self._full: dict[str, Any] = {}  # full fine-tuned checkpoints, served as their own model
         self._full_paths: dict[str, str] = {}
-        self.base = self.model = self.tokenizer = None
+        self.base = self.model = self.tokenizer = self.counting_tokenizer = None
         self.device = "cpu"
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -73,6 +84,8 @@ class TransformersEngine:
         if self.device == "cuda":
             dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_name)
+        if self.counting_tokenizer is None:  # used on the event-loop thread only
+            self.counting_tokenizer = AutoTokenizer.from_pretrained(self.model_name)
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -131,7 +144,7 @@ class TransformersEngine:
         return [self.model_name, *self._adapters, *self._full]
 
     def count_tokens(self, text: str) -> int:
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return len(self.counting_tokenizer(text, add_special_tokens=False)["input_ids"])
 
     async def load_adapter(self, name: str, path: str) -> None:
         if name in self.models():
@@ -153,15 +166,17 @@ class TransformersEngine:
         if "r" not in config:
             raise AdapterError(f"{directory} has no usable LoRA adapter config")
         self._ensure_weights()
+        peft_name = peft_adapter_name(name)
         try:
             if not self._adapters:
-                model = PeftModel.from_pretrained(self.base, str(directory), adapter_name=name)
+                model = PeftModel.from_pretrained(self.base, str(directory), adapter_name=peft_name)
                 self.model = model.eval()
             else:
-                self.model.load_adapter(str(directory), adapter_name=name)
+                self.model.load_adapter(str(directory), adapter_name=peft_name)
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             raise AdapterError(f"could not load adapter from {directory}: {exc}") from exc
         self._adapters[name] = str(directory)
+        self._peft_names[name] = peft_name
 
     def _load_full(self, name: str, directory: Path) -> None:
         from transformers import AutoModelForCausalLM
@@ -182,8 +197,9 @@ class TransformersEngine:
             del self._full_paths[name]
             return
         del self._adapters[name]
+        peft_name = self._peft_names.pop(name)
         if self._adapters:
-            self.model.delete_adapter(name)
+            self.model.delete_adapter(peft_name)
         else:  # the last adapter: strip the LoRA layers and serve the plain base model again
             self.base = self.model = self.model.unload().eval()
 
@@ -202,7 +218,13 @@ class TransformersEngine:
             batch = [await self._queue.get()]
             while not self._queue.empty() and len(batch) < self.max_batch:
                 batch.append(self._queue.get_nowait())
-            for group in _chunks(_groups(batch), self.max_sequences):
+            for group in _chunks(
+                _groups(batch),
+                self.max_sequences,
+                self.max_batch_tokens,
+                self._prompt_length,
+                self.default_max_tokens,
+            ):
                 try:
                     results = await self._run(self._generate, [r for r, _ in group])
                 except Exception as exc:  # answer every caller, keep serving
@@ -214,29 +236,44 @@ class TransformersEngine:
                     if not future.done():
                         future.set_result(choices)
 
+    def _prompt_text(self, request: ChatRequest, tokenizer=None) -> str:
+        return (tokenizer or self.tokenizer).apply_chat_template(
+            request.messages, add_generation_prompt=True, tokenize=False
+        )
+
+    def _prompt_length(self, request: ChatRequest) -> int:
+        """Prompt tokens of a request, counted on the event-loop thread (for batch packing)."""
+        return self.count_tokens(self._prompt_text(request, self.counting_tokenizer))
+
     def _generate(self, requests: list[ChatRequest]) -> list[list[ChatChoice]]:
         import torch
 
         first = requests[0]
         self._ensure_weights()
         model = self._select(first.model)
-        texts = [
-            self.tokenizer.apply_chat_template(
-                r.messages, add_generation_prompt=True, tokenize=False
-            )
-            for r in requests
-        ]
-        inputs = self.tokenizer(
-            texts, return_tensors="pt", padding=True, add_special_tokens=False
-        ).to(self.device)
+        texts = [self._prompt_text(r) for r in requests]
+        distinct = {text: i for i, text in enumerate(dict.fromkeys(texts))}
         greedy = first.temperature == 0
         samples = 1 if greedy else first.n
-        kwargs = _sampling_kwargs(first, greedy, samples, self.default_max_tokens)
+        # Sequence -> its distinct prompt: the n samples of a request, and identical prompts
+        # of several requests (an evaluation's repeated episodes), share one prefill.
+        rows = torch.tensor([distinct[t] for t in texts for _ in range(samples)])
+        inputs = self.tokenizer(
+            list(distinct), return_tensors="pt", padding=True, add_special_tokens=False
+        ).to(self.device)
+        kwargs = _sampling_kwargs(first, greedy, 1, self.default_max_tokens)
         seeds = [r.seed for r in requests if r.seed is not None]
         if seeds:
             torch.manual_seed(stable_int("batch", *seeds) if len(seeds) > 1 else seeds[0])
         with torch.inference_mode(), self._adapter_scope(model, first.model):
-            output = model.generate(**inputs, pad_token_id=self.tokenizer.pad_token_id, **kwargs)
+            output = generate_with_shared_prompts(
+                model,
+                inputs["input_ids"],
+                inputs["attention_mask"],
+                rows.to(self.device),
+                pad_token_id=self.tokenizer.pad_token_id,
+                **kwargs,
+            )
         new_tokens = output[:, inputs["input_ids"].shape[1] :]
         choices = [self._choice(row) for row in new_tokens]
         per_request = [choices[i * samples : (i + 1) * samples] for i in range(len(requests))]
@@ -253,7 +290,7 @@ class TransformersEngine:
         from contextlib import nullcontext
 
         if name in self._adapters:
-            model.set_adapter(name)
+            model.set_adapter(self._peft_names[name])
             return nullcontext()
         if model is self.model and self._adapters:
             return model.disable_adapter()
@@ -266,6 +303,44 @@ class TransformersEngine:
         if end is None:
             return ChatChoice(self.tokenizer.decode(ids, skip_special_tokens=True), "length")
         return ChatChoice(self.tokenizer.decode(ids[:end], skip_special_tokens=True), "stop")
+
+
+def generate_with_shared_prompts(model, input_ids, attention_mask, rows, **kwargs):
+    """`generate` for sequences `rows` (indices into the distinct prompts), prefilling each
+    distinct prompt once.
+
+    On a CPU the prompt (a problem and its solution, hundreds of tokens) costs far more than the
+    few dozen tokens answered, and `num_return_sequences` would prefill it once per sample. Here
+    every distinct prompt but its last token goes through the model once, its KV cache is
+    copied to the rows that use it, and `generate` continues from there (it feeds only the
+    uncached last token). Positions follow `generate`'s own rule for left padding.
+    """
+    import torch
+    from transformers import DynamicCache
+
+    if input_ids.shape[1] < 2 or len(rows) == input_ids.shape[0] == len(torch.unique(rows)):
+        return model.generate(
+            input_ids=input_ids[rows], attention_mask=attention_mask[rows], **kwargs
+        )
+    prefix_mask = attention_mask[:, :-1]
+    positions = prefix_mask.long().cumsum(-1) - 1
+    positions.masked_fill_(prefix_mask == 0, 1)
+    cache = DynamicCache()
+    model(
+        input_ids=input_ids[:, :-1],
+        attention_mask=prefix_mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache.batch_select_indices(rows)
+    return model.generate(
+        input_ids=input_ids[rows],
+        attention_mask=attention_mask[rows],
+        past_key_values=cache,
+        **kwargs,
+    )
 
 
 def _stop_ids(tokenizer) -> set[int]:
@@ -311,13 +386,49 @@ def _groups(batch: list[_Pending]) -> list[list[_Pending]]:
     return list(groups.values())
 
 
-def _chunks(groups: list[list[_Pending]], max_sequences: int) -> list[list[_Pending]]:
-    """Split groups so one `generate` call holds at most `max_sequences` sequences."""
-    chunks = []
+def _chunks(
+    groups: list[list[_Pending]],
+    max_sequences: int,
+    max_tokens: int,
+    prompt_length: Callable[[ChatRequest], int],
+    default_new_tokens: int = 512,
+) -> list[list[_Pending]]:
+    """Pack each group, shortest prompt first, into calls within both limits.
+
+    A call's cost is sequences x (longest prompt + new tokens) since prompts are padded to the
+    longest: sorting by length keeps similar lengths together (little padding), and a request
+    that alone exceeds the token budget still gets a call of its own.
+    """
+    chunks: list[list[_Pending]] = []
     for group in groups:
-        per_call = max(1, max_sequences // max(1, group[0][0].n))
-        chunks.extend(group[i : i + per_call] for i in range(0, len(group), per_call))
+        lengths = {id(item): prompt_length(item[0]) for item in group}
+        new_tokens = group[0][0].max_tokens or default_new_tokens
+        current: list[_Pending] = []
+        longest = 0
+        for item in sorted(group, key=lambda item: lengths[id(item)]):
+            request = item[0]
+            sequences = sum(r.n for r, _ in current) + request.n
+            width = max(longest, lengths[id(item)]) + new_tokens
+            if current and (sequences > max_sequences or sequences * width > max_tokens):
+                chunks.append(current)
+                current, longest = [], 0
+            current.append(item)
+            longest = max(longest, lengths[id(item)])
+        if current:
+            chunks.append(current)
     return chunks
+
+
+def peft_adapter_name(name: str) -> str:
+    """A PEFT-safe adapter name for a served model name (PEFT rejects dots in module names).
+
+    Served names come from run names and job suffixes, which may hold dots (`sweep-lr0.5`); the
+    short hash keeps two names that differ only in replaced characters apart.
+    """
+    safe = re.sub(r"[^A-Za-z0-9_-]", "_", name)
+    if safe == name:
+        return name
+    return f"{safe}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 def _return_free_memory() -> None:

@@ -1,0 +1,171 @@
+"""Benchmark: CPU tokens/s of our server through its HTTP API relative to raw `generate`.
+
+    python bench/cpu_generation.py [--requests 64] [--n 1] [--max-tokens 48]
+
+Both sides generate for the same verifier-style prompts (a HumanEval question, a solution and
+an instruction to judge it, from the shipped dataset), sampling at temperature 1 with
+`--max-tokens` new tokens, on the embedded SmolLM2-135M-Instruct in fp32:
+- raw: one `model.generate` call over all prompts (batch = requests x n, left padding), in this
+  process, after a small warm-up; tokens counted up to each sequence's end of text;
+- server: `python -m nip_core.lm_server --engine transformers` as a child process, the real
+  `openai` SDK sending every request at once (`--n` samples each, a seed each); tokens are the
+  server's `usage.completion_tokens`.
+The raw model is freed before the server starts, so both see the same machine. The last line is
+`ratio server/raw tokens per second: <x>` (target >= 0.8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from nip_core.embedded_model import EMBEDDED_MODEL_NAME, embedded_model_path  # noqa: E402
+
+
+def prompts(count: int) -> list[list[dict]]:
+    """`count` verifier-style chats built from the shipped dataset's train split."""
+    frame = pd.read_parquet(ROOT / "nip_core" / "data" / "humaneval_buggy.parquet")
+    frame = frame[frame.split == "train"].head(count)
+    return [
+        [
+            {"role": "system", "content": "You judge whether Python solutions are correct."},
+            {
+                "role": "user",
+                "content": f"Question:\n{row.question}\n\nSolution:\n{row.solution}\n\n"
+                "Is the solution correct? Answer 'Decision: accept' or 'Decision: reject'.",
+            },
+        ]
+        for row in frame.itertuples()
+    ]
+
+
+def raw_tokens_per_second(chats: list[list[dict]], n: int, max_tokens: int) -> float:
+    """Tokens/s of one `generate` call over every prompt (n samples each)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = str(embedded_model_path())
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    texts = [
+        tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats
+    ]
+
+    def run(batch: list[str]) -> tuple[int, float]:
+        inputs = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False)
+        torch.manual_seed(0)
+        started = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(
+                **inputs,
+                max_new_tokens=max_tokens,
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+                num_return_sequences=n,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        seconds = time.perf_counter() - started
+        new = out[:, inputs["input_ids"].shape[1] :].tolist()
+        eos = tokenizer.eos_token_id
+        tokens = sum(row.index(eos) + 1 if eos in row else len(row) for row in new)
+        return tokens, seconds
+
+    run(texts[:2])  # warm-up
+    tokens, seconds = run(texts)
+    print(f"raw generate: {len(texts)} prompts x n={n}: {tokens} tokens in {seconds:.1f} s")
+    return tokens / seconds
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def _send_all(url: str, chats: list[list[dict]], n: int, max_tokens: int) -> int:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=3600)
+    try:
+        replies = await asyncio.gather(
+            *(
+                client.chat.completions.create(
+                    model=EMBEDDED_MODEL_NAME,
+                    messages=chat,
+                    n=n,
+                    max_tokens=max_tokens,
+                    temperature=1.0,
+                    seed=1000 + i,
+                )
+                for i, chat in enumerate(chats)
+            )
+        )
+    finally:
+        await client.close()
+    return sum(r.usage.completion_tokens for r in replies)
+
+
+def server_tokens_per_second(chats: list[list[dict]], n: int, max_tokens: int) -> float:
+    """Tokens/s through a real server process and the openai SDK, all requests at once."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as state:
+        env = dict(os.environ, PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false")
+        command = [sys.executable, "-m", "nip_core.lm_server", "--engine", "transformers"]
+        command += ["--port", str(port), "--state-dir", state]
+        proc = subprocess.Popen(command, env=env)
+        try:
+            deadline = time.monotonic() + 300
+            while True:
+                try:
+                    if httpx.get(url + "/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the server did not start")
+                time.sleep(0.2)
+            asyncio.run(_send_all(url, chats[:2], 1, 4))  # warm-up
+            started = time.perf_counter()
+            tokens = asyncio.run(_send_all(url, chats, n, max_tokens))
+            seconds = time.perf_counter() - started
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    print(f"server (HTTP): {len(chats)} requests x n={n}: {tokens} tokens in {seconds:.1f} s")
+    return tokens / seconds
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--n", type=int, default=1)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    args = parser.parse_args(argv)
+    chats = prompts(args.requests)
+    raw = raw_tokens_per_second(chats, args.n, args.max_tokens)
+    gc.collect()  # the raw model is gone with its function's frame
+    served = server_tokens_per_second(chats, args.n, args.max_tokens)
+    print(f"raw {raw:.1f} tokens/s, server {served:.1f} tokens/s")
+    print(f"ratio server/raw tokens per second: {served / raw:.2f}")
+
+
+if __name__ == "__main__":
+    main()
