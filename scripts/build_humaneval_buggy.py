@@ -2,7 +2,10 @@
 
     python scripts/build_humaneval_buggy.py [--seed 0] [--out PATH] [--limit N]
 
-Same seed and inputs give the same bytes; see nip_core/data/humaneval.py for the method.
+The file holds every bug difficulty grade ("mixed", the default and original dataset, "easy",
+"medium", "hard"; `dataset_options.difficulty` picks one at load time). Same seed and inputs give
+the same bytes; see nip_core/data/humaneval.py for the method and docs/data_difficulty.md for the
+grades.
 """
 
 from __future__ import annotations

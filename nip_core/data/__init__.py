@@ -1,8 +1,10 @@
 """Code-validation datasets: loading, the offline humaneval-buggy build, and the code sandbox.
 
-Public entry points: `load_dataset`, `load_for_parameters`, `datapoints`, `run_candidate`.
+Public entry points: `load_dataset`, `load_for_parameters`, `datapoints`, `run_candidate`;
+`DIFFICULTIES` are the bug difficulty grades of humaneval-buggy (`dataset_options.difficulty`).
 """
 
+from nip_core.data.difficulty import DEFAULT_DIFFICULTY, DIFFICULTIES
 from nip_core.data.loaders import (
     DATASET_NAMES,
     datapoints,
@@ -15,6 +17,8 @@ from nip_core.data.stable import prover_stance
 
 __all__ = [
     "DATASET_NAMES",
+    "DEFAULT_DIFFICULTY",
+    "DIFFICULTIES",
     "ExecutionResult",
     "datapoints",
     "humaneval_file",

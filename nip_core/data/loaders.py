@@ -3,13 +3,16 @@
 Datasets:
 
 * "humaneval-buggy" — the shipped offline HumanEval file (one correct and one buggy solution per
-  problem, split by problem); see `nip_core.data.humaneval`.
+  problem, split by problem); see `nip_core.data.humaneval`. `bug_difficulty`
+  (`dataset_options.difficulty`) picks which buggy solution: "mixed" (default, the original
+  rows), "easy", "medium" or "hard"; see `nip_core.data.difficulty`.
 * "buggy-apps" (alias "lrhammond/buggy-apps") — the reference's hub dataset from a local copy.
 * "test" — 10 synthetic rows for fast tests, deterministic given `seed`.
 
 Usage::
 
     frame = load_dataset("humaneval-buggy", "train", max_size=50)
+    easy = load_dataset("humaneval-buggy", "train", bug_difficulty="easy")
     points = datapoints(frame)
 """
 
@@ -23,6 +26,7 @@ from typing import Any, Literal
 import pandas as pd
 
 from nip_core.data.buggy_apps import process_buggy_apps, read_hub_split
+from nip_core.data.difficulty import DEFAULT_DIFFICULTY, OPTION, check_difficulty
 from nip_core.data.parquet import read_parquet_frame
 from nip_core.data.stable import stable_seed
 from nip_core.episode import Datapoint
@@ -47,6 +51,7 @@ def load_dataset(
     seed: int = 0,
     difficulty: str = "interview",
     exclude_flagged: bool = True,
+    bug_difficulty: str = DEFAULT_DIFFICULTY,
 ) -> pd.DataFrame:
     """One split of a named dataset, with at least the columns id, question, solution, y,
     prover_stance.
@@ -62,6 +67,9 @@ def load_dataset(
         seed: Seed of the synthetic "test" dataset's labels (ignored by the others).
         difficulty: APPS difficulty kept from buggy-apps.
         exclude_flagged: Drop buggy-apps rows flagged by moderation.
+        bug_difficulty: How visible humaneval-buggy's bugs are (`dataset_options.difficulty`):
+            "mixed" (the original rows), "easy", "medium" or "hard". Other datasets accept only
+            "mixed".
 
     Returns:
         A DataFrame with a fresh RangeIndex.
@@ -70,9 +78,15 @@ def load_dataset(
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if max_size is not None and (not isinstance(max_size, int) or max_size < 0):
         raise ValueError(f"max_size must be a non-negative int or None, got {max_size!r}")
+    check_difficulty(bug_difficulty)
     canonical = _ALIASES.get(name, name)
+    if canonical in ("buggy-apps", "test") and bug_difficulty != DEFAULT_DIFFICULTY:
+        raise ValueError(
+            f"{OPTION}={bug_difficulty!r} needs dataset 'humaneval-buggy'; "
+            f"dataset {name!r} has only {DEFAULT_DIFFICULTY!r}"
+        )
     if canonical == "humaneval-buggy":
-        frame = humaneval_buggy_split(split, path)
+        frame = humaneval_buggy_split(split, path, bug_difficulty)
     elif canonical == "buggy-apps":
         frame = process_buggy_apps(read_hub_split(path, split), difficulty, exclude_flagged)
     elif canonical == "test":
@@ -91,8 +105,8 @@ def load_for_parameters(
     seed: int = 0,
 ) -> pd.DataFrame:
     """`load_dataset` driven by DatasetParameters-like `options` (max_train_size, max_test_size,
-    reduce_shuffle_seed, local_path) and CodeValidationParameters-like `code_validation`
-    (apps_difficulty, apps_exclude_flagged); None means the defaults."""
+    reduce_shuffle_seed, local_path, difficulty) and CodeValidationParameters-like
+    `code_validation` (apps_difficulty, apps_exclude_flagged); None means the defaults."""
     size_field = "max_train_size" if split == "train" else "max_test_size"
     return load_dataset(
         name,
@@ -103,6 +117,7 @@ def load_for_parameters(
         seed=seed,
         difficulty=getattr(code_validation, "apps_difficulty", "interview"),
         exclude_flagged=getattr(code_validation, "apps_exclude_flagged", True),
+        bug_difficulty=getattr(options, "difficulty", DEFAULT_DIFFICULTY),
     )
 
 
@@ -111,13 +126,32 @@ def humaneval_file() -> Path:
     return Path(str(importlib.resources.files("nip_core.data") / HUMANEVAL_FILE))
 
 
-def humaneval_buggy_split(split: Split, path: str | Path | None = None) -> pd.DataFrame:
-    """The rows of one split of humaneval-buggy, sorted by id."""
+def humaneval_buggy_split(
+    split: Split, path: str | Path | None = None, difficulty: str = DEFAULT_DIFFICULTY
+) -> pd.DataFrame:
+    """The rows of one split of humaneval-buggy for one bug difficulty grade, sorted by id.
+
+    The file holds one correct row per problem (`difficulty` null) and one buggy row per
+    (problem, grade); a grade keeps its buggy rows and the correct rows of the same problems, so
+    every kept problem has exactly one of each. A file without a `difficulty` column (built
+    before the grades existed) holds only the default grade.
+    """
+    check_difficulty(difficulty)
     source = Path(path) if path is not None else humaneval_file()
     frame = read_parquet_frame(source, HUMANEVAL_COLUMNS)
     unexpected = sorted(set(frame["split"]) - set(SPLITS))
     if unexpected:
         raise ValueError(f"dataset file {source} has unknown split values {unexpected}")
+    if "difficulty" in frame.columns:
+        buggy = frame["difficulty"] == difficulty
+        problems = frame.loc[buggy, "problem_id"]
+        correct = frame["difficulty"].isna() & frame["problem_id"].isin(problems)
+        frame = frame[buggy | correct]
+    elif difficulty != DEFAULT_DIFFICULTY:
+        raise ValueError(
+            f"dataset file {source} has no 'difficulty' column, so {OPTION} must be "
+            f"{DEFAULT_DIFFICULTY!r}, got {difficulty!r}"
+        )
     rows = frame[frame["split"] == split].sort_values("id", kind="stable")
     return rows.reset_index(drop=True)
 

@@ -14,16 +14,18 @@ Usage::
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
-from nip_core.data.mutations import OPERATORS, Mutant, wrong_return
+from nip_core.data.mutations import OPERATORS, Mutant, Operator, wrong_return
 
 
-def enumerate_mutants(source: str, first_line: int = 1) -> list[Mutant]:
+def enumerate_mutants(
+    source: str, first_line: int = 1, operators: Mapping[str, Operator] = OPERATORS
+) -> list[Mutant]:
     """Every distinct valid mutant of `source` whose change starts at or after `first_line`.
 
-    The order is deterministic (breadth-first over the tree, operators in `OPERATORS` order), so
-    a seeded choice among the result is reproducible.
+    The order is deterministic (breadth-first over the tree, `operators` in their mapping order),
+    so a seeded choice among the result is reproducible. `operators` defaults to `OPERATORS`.
     """
     tree = ast.parse(source)
     original_dump = ast.dump(tree)
@@ -36,7 +38,7 @@ def enumerate_mutants(source: str, first_line: int = 1) -> list[Mutant]:
         parent = parents.get(id(node))
         if line < first_line or parent is None:
             continue
-        for name, replacement, description in _proposals(node, parent, tree):
+        for name, replacement, description in _proposals(node, parent, tree, operators):
             mutated = _realise(source, tree, node, parent, replacement)
             if mutated is None or mutated in seen or ast.dump(ast.parse(mutated)) == original_dump:
                 continue
@@ -46,10 +48,10 @@ def enumerate_mutants(source: str, first_line: int = 1) -> list[Mutant]:
 
 
 def _proposals(
-    node: ast.AST, parent: ast.AST, tree: ast.AST
+    node: ast.AST, parent: ast.AST, tree: ast.AST, operators: Mapping[str, Operator]
 ) -> Iterator[tuple[str, ast.AST | None, str]]:
     """All operators' proposals for one node, tagged with the operator name."""
-    for name, operator in OPERATORS.items():
+    for name, operator in operators.items():
         if operator is wrong_return:
             proposals = wrong_return(node, parent, _local_names(tree, node))
         else:

@@ -264,6 +264,35 @@ def wrong_function(node: ast.AST, _parent: ast.AST) -> list[Proposal]:
     return [(new, f"wrong function: '{old}' -> '{_NAME_SWAPS[old]}'")]
 
 
+_DROPPABLE: dict[type[ast.stmt], str] = {
+    ast.Assign: "an assignment",
+    ast.AugAssign: "an augmented assignment",
+    ast.AnnAssign: "an assignment",
+    ast.Return: "a return statement",
+    ast.For: "a for loop",
+    ast.While: "a while loop",
+    ast.Expr: "a call statement",
+}
+
+
+def _is_docstring(node: ast.AST) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+
+
+def dropped_statement(node: ast.AST, parent: ast.AST) -> list[Proposal]:
+    """Remove one assignment, call statement, return or loop whose block keeps another statement
+    besides a docstring (emptying a function body is a stub, not a dropped statement)."""
+    what = _DROPPABLE.get(type(node))
+    if what is None or _is_docstring(node):
+        return []
+    siblings = next(
+        (body for _, body in ast.iter_fields(parent) if isinstance(body, list) and node in body),
+        [],
+    )
+    rest = [other for other in siblings if other is not node and not _is_docstring(other)]
+    return [(None, f"dropped statement: removed {what}")] if rest else []
+
+
 OPERATORS: dict[str, Operator] = {
     "arithmetic": arithmetic,
     "boolean": boolean,
@@ -275,3 +304,7 @@ OPERATORS: dict[str, Operator] = {
     "swapped": swapped,
     "wrong_function": wrong_function,
 }
+
+# Operators used only by the graded variants (see `nip_core.data.difficulty`). They are kept out of
+# OPERATORS so that the mixed grade, whose seeded order depends on the operator set, is unchanged.
+EXTRA_OPERATORS: dict[str, Operator] = {"dropped_statement": dropped_statement}

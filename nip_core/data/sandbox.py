@@ -34,6 +34,14 @@ from pathlib import Path
 DEFAULT_MEMORY_MB = 1024
 _OUTPUT_LIMIT_BYTES = 1 << 20
 _NO_NET_PATH = "/usr/bin:/bin"
+# How `_execute`/`_failure_reason` word failures caused by a limit rather than by the tests.
+_LIMIT_REASONS = (
+    "timeout after ",
+    "CPU time limit (",
+    "output size limit (",
+    "killed (",
+    "MemoryError",
+)
 
 # Executed by the child before the candidate: limits, no sockets, then the tests.
 _RUNNER = """\
@@ -63,6 +71,12 @@ class ExecutionResult:
 
     passed: bool
     reason: str
+
+    @property
+    def hit_limit(self) -> bool:
+        """True when the run failed on the time, CPU, output or memory limit or a signal, which
+        can depend on the machine, rather than by an error or failed assertion in the tests."""
+        return not self.passed and self.reason.startswith(_LIMIT_REASONS)
 
 
 @functools.cache

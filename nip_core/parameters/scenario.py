@@ -21,13 +21,19 @@ class CodeValidationParameters(BaseParameters):
 @register_parameter_class
 @dataclass(frozen=True)
 class DatasetParameters(BaseParameters):
-    """Size limits and source of the dataset.
+    """Size limits, source and bug difficulty of the dataset.
 
     `max_train_size`/`max_test_size` cut the splits after a shuffle seeded with
     `reduce_shuffle_seed`; `local_path` points at a local copy (no downloads at run time).
+    `difficulty` picks humaneval-buggy's buggy solutions by how visible the bug is: "mixed" (the
+    original dataset, unchanged), "easy" (body replaced by a stub such as `return None`),
+    "medium" (a swapped operator, inverted comparison or dropped statement) or "hard" (off by
+    one, changed literal, relaxed comparison, swapped arguments); other datasets take only
+    "mixed". See docs/data_difficulty.md.
     """
 
     max_train_size: int | None = None
     max_test_size: int | None = None
     reduce_shuffle_seed: int = 42
     local_path: str | None = None
+    difficulty: Literal["mixed", "easy", "medium", "hard"] = "mixed"
