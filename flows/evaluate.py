@@ -103,7 +103,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        _, root, paths = checked_run_arguments(args)
+        hp, root, paths = checked_run_arguments(args)
+        if args.split == "validation" and hp.text_rl.validation_fraction == 0:
+            raise ConfigError(
+                "--split validation needs text_rl.validation_fraction > 0 (the share of train "
+                "problems set aside)"
+            )
         require_previous_models(paths, args.iteration)
     except (ConfigError, ValueError, ArtifactError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -215,3 +215,31 @@ def sft_openai_jsonl(rows: Sequence[dict]) -> list[dict]:
 
 def _without(row: dict, key: str) -> dict:
     return {k: v for k, v in row.items() if k != key}
+
+
+def training_datasets(
+    exports: Mapping[int, Mapping[str, Mapping]],
+    group: str,
+    iteration: int,
+    all_previous: bool,
+) -> list[tuple[int, Mapping]]:
+    """(iteration, export info) of every dataset a group's job at `iteration` trains on.
+
+    Normally just this iteration's. With `text_rl.fine_tune_on_all_previous_rollouts`, the
+    datasets of every iteration so far of the same kind (DPO or SFT: a MALT job after initial
+    EI iterations trains on the DPO ones), oldest first; the job then starts from the base
+    model, so each iteration's model is trained once on everything seen so far.
+    """
+    current = exports.get(iteration, {}).get(group)
+    if current is None:
+        return []
+    if not all_previous:
+        return [(iteration, current)]
+    return [
+        (it, exports[it][group])
+        for it in sorted(exports)
+        if it <= iteration
+        and group in exports[it]
+        and exports[it][group]["kind"] == current["kind"]
+        and exports[it][group].get("jsonl")
+    ]

@@ -23,8 +23,8 @@ from nip_core.rollout_tree import BatchItem
 from nip_core.schemas import AGENT_REWARD
 from nip_core.seeding import stable_int
 
-Split = Literal["test", "train"]
-SPLITS: tuple[str, ...] = ("test", "train")
+Split = Literal["test", "train", "validation"]
+SPLITS: tuple[str, ...] = ("test", "train", "validation")
 TEST_SCHEMES: tuple[str, ...] = ("none", "all", "last", "first_and_last")
 
 EVAL_SCHEMA = pa.schema(
@@ -46,15 +46,15 @@ EVAL_SCHEMA = pa.schema(
 
 
 def stage_name(split: str) -> str:
-    """Manifest stage of an evaluation: "evaluate" on the test split, "evaluate-train" else."""
+    """Manifest stage of an evaluation: "evaluate" on the test split, "evaluate-<split>" else."""
     check_split(split)
-    return "evaluate" if split == "test" else "evaluate-train"
+    return "evaluate" if split == "test" else f"evaluate-{split}"
 
 
 def file_stem(split: str) -> str:
-    """Artifact stem: `eval` (test split) or `eval-train`, so the two never overwrite each other."""
+    """Artifact stem: `eval` (test split) or `eval-<split>`, so none overwrites another."""
     check_split(split)
-    return "eval" if split == "test" else "eval-train"
+    return "eval" if split == "test" else f"eval-{split}"
 
 
 def check_split(split: str) -> None:

@@ -50,11 +50,10 @@ class IterationContext:
 
     @property
     def num_responses_per_timestep(self) -> int:
-        return (
-            1
-            if self.is_ei_iteration
-            else self.hyper_params.pure_text_malt.num_responses_per_timestep
-        )
+        hp = self.hyper_params
+        if self.is_ei_iteration:
+            return hp.pure_text_ei.num_responses_per_timestep
+        return hp.pure_text_malt.num_responses_per_timestep
 
     @property
     def trainable_groups(self) -> dict[str, tuple[str, ...]]:

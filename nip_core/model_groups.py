@@ -249,8 +249,13 @@ class SharedModelGroup:
         *,
         key: str,
         suffix: str,
+        from_base_model: bool = False,
     ) -> str:
-        """Submit (or re-attach to) this iteration's job; returns and records its id."""
+        """Submit (or re-attach to) this iteration's job; returns and records its id.
+
+        The job trains the group's current model, or the base model when `from_base_model` or
+        the group's `fine_tune_from_scratch` is set.
+        """
         local = self._local_job(rows)
         if local is not None:
             self.state.fine_tune_job_id = local
@@ -266,7 +271,8 @@ class SharedModelGroup:
                 file=(f"{suffix}.jsonl", io.BytesIO(jsonl)), purpose="fine-tune"
             )
         )
-        base = self.base_model_name if self.params.fine_tune_from_scratch else self.model_name
+        from_base = from_base_model or self.params.fine_tune_from_scratch
+        base = self.base_model_name if from_base else self.model_name
         request: dict[str, Any] = {
             "model": base,
             "training_file": upload.id,

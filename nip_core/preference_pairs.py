@@ -55,6 +55,8 @@ from nip_core.tree_arrays import (
 
 PairMethod = Literal["positive_negative", "interval"]
 PAIR_METHODS: tuple[str, ...] = ("positive_negative", "interval")
+PairsPerParent = Literal["one", "all"]
+PAIRS_PER_PARENT: tuple[str, ...] = ("one", "all")
 
 __all__ = ["PAIR_METHODS", "PairMethod", "Pairs", "is_positive", "select_pairs"]
 
@@ -92,8 +94,9 @@ def select_pairs(
     interval_threshold_proportion: float,
     node_key: np.ndarray,
     seed: int,
+    pairs_per_parent: PairsPerParent = "one",
 ) -> Pairs:
-    """Pick at most one (chosen, rejected) sibling pair per (parent, agent).
+    """Pick at most one (chosen, rejected) sibling pair per (parent, agent), or every one.
 
     Args:
         parent: int64[N], parent index of each node (-1 for roots); parents precede children.
@@ -105,13 +108,20 @@ def select_pairs(
         interval_threshold_proportion: minimum gap as a share of the range (`interval`), >= 0.
         node_key: uint64[N], a stable integer per node, the source of all randomness.
         seed: run seed, a non-negative int below 2**64.
+        pairs_per_parent: `"one"` (nip: one uniform draw among the admissible pairs) or
+            `"all"`: every unordered sibling pair the method admits, each once (for
+            `positive_negative`, every (positive, negative) combination).
 
     Returns:
         `Pairs` sorted by (agent, parent): exactly one pair for every (parent, agent) that
-        admits one, none for the others.
+        admits one (`"one"`), or all of them in sibling order (`"all"`), none for the others.
     """
     if method not in PAIR_METHODS:
         raise ValueError(f"unknown pair method {method!r}; expected one of {PAIR_METHODS}")
+    if pairs_per_parent not in PAIRS_PER_PARENT:
+        raise ValueError(
+            f"pairs_per_parent must be one of {PAIRS_PER_PARENT}, got {pairs_per_parent!r}"
+        )
     parent = as_parent_array(parent)
     n = parent.size
     value = as_node_matrix(value, n, "value", np.float64)
@@ -131,6 +141,8 @@ def select_pairs(
         acted=_agent_rows(acted, nodes),
         key=keys[nodes],
     )
+    if pairs_per_parent == "all":
+        return _every_pair(family, method, thr, gap)
     if method == "positive_negative":
         return _positive_negative(family, thr, seed)
     return _interval(family, gap, seed)
@@ -204,13 +216,45 @@ def _interval(family: _Family, min_gap: np.ndarray, seed: int) -> Pairs:
     return _collect(family, parts)
 
 
-def _collect(family: _Family, parts: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]) -> Pairs:
-    """Concatenate per-(agent, bucket) picks into `Pairs` sorted by (agent, parent)."""
+def _every_pair(
+    family: _Family, method: PairMethod, threshold: np.ndarray, min_gap: np.ndarray
+) -> Pairs:
+    """Every admissible unordered sibling pair, the higher-valued (or positive) one chosen."""
+    parts = []
+    for bucket in family.buckets:
+        left, right = np.triu_indices(bucket.size, k=1)
+        for agent in range(threshold.size):
+            value = bucket.rows(family.value[agent])
+            acted = bucket.rows(family.acted[agent])
+            both = acted[:, left] & acted[:, right]
+            if method == "positive_negative":
+                positive = value >= threshold[agent]
+                valid = both & (positive[:, left] != positive[:, right])
+                left_wins = positive[:, left]
+            else:
+                gap = value[:, left] - value[:, right]
+                valid = both & (np.abs(gap) > min_gap[agent])
+                left_wins = gap > 0
+            rows, at = np.nonzero(valid)  # row-major: by parent, then sibling pair
+            hi = np.where(left_wins[rows, at], left[at], right[at])
+            lo = left[at] + right[at] - hi
+            first = bucket.first[rows]
+            parts.append((agent, bucket.owner[rows], first + hi, first + lo))
+    return _collect(family, parts, stable=True)
+
+
+def _collect(
+    family: _Family,
+    parts: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]],
+    stable: bool = False,
+) -> Pairs:
+    """Concatenate per-(agent, bucket) picks into `Pairs` sorted by (agent, parent)
+    (`stable`: always sort, keeping the order of a parent's several pairs)."""
     if not parts:
         return _empty_pairs()
     agent = np.concatenate([np.full(p[1].size, p[0], dtype=np.int64) for p in parts])
     parent, chosen, rejected = (np.concatenate([p[k] for p in parts]) for k in (1, 2, 3))
-    if len(family.buckets) > 1:  # buckets interleave parents: restore (agent, parent) order
+    if stable or len(family.buckets) > 1:  # buckets interleave parents: restore the order
         order = np.lexsort((parent, agent))
         agent, parent, chosen, rejected = (
             agent[order],

@@ -101,8 +101,9 @@ def pairs_table(
     reward_ranges: Sequence[tuple[float, float]],
     interval_threshold_proportion: float,
     seed: int,
+    pairs_per_parent: str = "one",
 ) -> pa.Table:
-    """At most one (chosen, rejected) sibling pair per (parent node, agent)."""
+    """At most one (chosen, rejected) sibling pair per (parent node, agent), or all of them."""
     a = len(agent_names)
     value = rewards.column("expected_reward").to_numpy().reshape(-1, a)
     acted = rewards.column("active").to_numpy(zero_copy_only=False).reshape(-1, a)
@@ -118,6 +119,7 @@ def pairs_table(
         interval_threshold_proportion=interval_threshold_proportion,
         node_key=node_keys(nodes),
         seed=seed,
+        pairs_per_parent=pairs_per_parent,
     )
     node_ids = nodes.column("node_id").to_numpy(zero_copy_only=False)
     rounds = nodes.column("round").to_numpy()

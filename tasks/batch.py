@@ -6,23 +6,17 @@ from prefect import task
 
 from nip_core.artifacts import RunPaths, write_parquet
 from nip_core.batching import iteration_positions
-from nip_core.data import datapoints, load_for_parameters
+from nip_core.data import datapoints
 from nip_core.iteration_context import IterationContext
 from nip_core.rollout_tree import BatchItem, batch_table
 from nip_core.seeding import episode_seed
+from nip_core.splits import load_split
 from tasks.common import run_stage
 
 
 def select_batch(context: IterationContext) -> list[BatchItem]:
     hp = context.hyper_params
-    train = load_for_parameters(
-        hp.dataset,
-        "train",
-        options=hp.dataset_options,
-        code_validation=hp.code_validation,
-        seed=hp.seed,
-    )
-    points = datapoints(train)
+    points = datapoints(load_split(hp, "train"))
     batch_indices, positions = iteration_positions(
         len(points), hp.seed, context.iteration, hp.rl.rollouts_per_iteration
     )

@@ -17,7 +17,7 @@ from prefect import get_run_logger, task
 from nip_core.agents.clients import close_clients
 from nip_core.artifacts import RunPaths, write_parquet
 from nip_core.call_journal import JournaledClient
-from nip_core.data import datapoints, load_for_parameters
+from nip_core.data import datapoints
 from nip_core.evaluation import (
     evaluation_items,
     evaluation_metrics,
@@ -30,6 +30,7 @@ from nip_core.evaluation import (
 )
 from nip_core.iteration_context import IterationContext
 from nip_core.rollout_tree import BatchItem, RolloutSettings, grow_trees
+from nip_core.splits import load_split
 from tasks.common import run_stage
 from tasks.progress import rollout_progress
 from tasks.retry import retry_transient_only
@@ -38,14 +39,7 @@ from tasks.rollouts import chat_clients, rollout_settings
 
 def select_items(context: IterationContext, split: str) -> list[BatchItem]:
     hp = context.hyper_params
-    frame = load_for_parameters(
-        hp.dataset,
-        split,
-        options=hp.dataset_options,
-        code_validation=hp.code_validation,
-        seed=hp.seed,
-    )
-    points = datapoints(frame)
+    points = datapoints(load_split(hp, split))
     count = evaluation_size(
         len(points),
         whole_dataset=hp.text_rl.test_on_whole_dataset,
@@ -69,11 +63,17 @@ def journaled_clients(context: IterationContext, journal_dir: Path | None, stem:
 
 
 def evaluation_settings(context: IterationContext, clients: dict, split: str) -> RolloutSettings:
-    """Training's settings with one response per turn and evaluation-specific call seeds."""
+    """Training's settings with one response per turn and evaluation-specific call seeds.
+
+    Call seeds ignore the iteration (common random numbers): every evaluation of a run asks each
+    prompt with the same seed, so a model that did not change answers exactly as before, and
+    differences between iterations come from the models alone.
+    """
     return dataclasses.replace(
         rollout_settings(context, clients),
         num_responses_per_timestep=1,
         run_seed=evaluation_seed(context.hyper_params.seed, split),
+        iteration=0,
     )
 
 

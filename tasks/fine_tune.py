@@ -1,6 +1,8 @@
 """Stages: fine-tune every trainable group on its dataset, then switch agents to the new models.
 
-Job ids are written to `fine_tune/<group>.json` right after submission and before polling, and
+A job trains on this iteration's dataset, from the model the group uses now (or the base model
+with `fine_tune_from_scratch`); with `text_rl.fine_tune_on_all_previous_rollouts` it trains on
+the datasets of every iteration so far, from the base model. Job ids are written to `fine_tune/<group>.json` right after submission and before polling, and
 jobs carry an idempotency key (run/iteration/group) in their metadata: a flow killed at any
 moment re-attaches to its job on rerun and never submits a second one.
 """
@@ -22,6 +24,7 @@ from nip_core.artifacts import (
     sha256_bytes,
     write_json,
 )
+from nip_core.dataset_export import training_datasets
 from nip_core.iteration_context import IterationContext
 from nip_core.model_groups import (
     FineTuneJobError,
@@ -54,9 +57,36 @@ def groups_for(context: IterationContext) -> dict[str, SharedModelGroup]:
     return groups
 
 
-async def _submit_and_wait(paths: RunPaths, context: IterationContext, datasets: dict) -> dict:
+def exported_datasets(paths: RunPaths, context: IterationContext) -> dict[int, dict]:
+    """Iteration -> its export stage's datasets per group, for this and every earlier iteration."""
+    found = {}
+    for it in range(context.iteration + 1):
+        manifest = load_manifest(paths, it, context.run_name, context.hyper_params.config_hash())
+        export = manifest.get("stages", {}).get("export")
+        if export is not None:
+            found[it] = export["info"]
+    return found
+
+
+def training_data(
+    paths: RunPaths, context: IterationContext, exports: dict[int, dict], group: str
+) -> tuple[bytes, int, str]:
+    """(JSONL bytes, rows, method) of the group's job, per fine_tune_on_all_previous_rollouts."""
+    all_previous = context.hyper_params.text_rl.fine_tune_on_all_previous_rollouts
+    chosen = training_datasets(exports, group, context.iteration, all_previous)
+    if not chosen:
+        return b"", 0, "dpo"
+    parts = [read_bytes(paths.fs, paths.iteration_file(it, info["jsonl"])) for it, info in chosen]
+    jsonl = b"".join(p if p.endswith(b"\n") or not p else p + b"\n" for p in parts)
+    method = "supervised" if chosen[-1][1]["kind"] == "sft" else "dpo"
+    return jsonl, sum(info["rows"] for _, info in chosen), method
+
+
+async def _submit_and_wait(paths: RunPaths, context: IterationContext) -> dict:
     it = context.iteration
     groups = groups_for(context)
+    exports = exported_datasets(paths, context)
+    from_base = context.hyper_params.text_rl.fine_tune_on_all_previous_rollouts
 
     async def one(name: str) -> dict:
         group = groups[name]
@@ -64,19 +94,14 @@ async def _submit_and_wait(paths: RunPaths, context: IterationContext, datasets:
         if paths.fs.exists(record):
             group.set_state(read_json(paths.fs, record)["state"])
         else:
-            dataset = datasets.get(name, {"kind": "dpo", "rows": 0, "jsonl": None})
-            jsonl = (
-                read_bytes(paths.fs, paths.iteration_file(it, dataset["jsonl"]))
-                if dataset["jsonl"]
-                else b""
-            )
-            method = "supervised" if dataset["kind"] == "sft" else "dpo"
+            jsonl, rows, method = training_data(paths, context, exports, name)
             await group.create_fine_tune_job(
                 method,
                 jsonl,
-                dataset["rows"],
+                rows,
                 key=job_key(context.run_name, it, name),
                 suffix=job_suffix(context.run_name, it, name),
+                from_base_model=from_base,
             )
             write_json(paths.fs, record, {"group": name, "state": group.get_state()})
         delay = POLL_START
@@ -104,11 +129,7 @@ async def _submit_and_wait(paths: RunPaths, context: IterationContext, datasets:
 
 def fine_tune(paths: RunPaths, context: IterationContext) -> dict:
     def compute():
-        manifest = load_manifest(
-            paths, context.iteration, context.run_name, context.hyper_params.config_hash()
-        )
-        datasets = manifest["stages"]["export"]["info"]
-        info = asyncio.run(_submit_and_wait(paths, context, datasets))
+        info = asyncio.run(_submit_and_wait(paths, context))
         files = {
             f"fine_tune/{g}.json": sha256_bytes(
                 read_bytes(paths.fs, paths.iteration_file(context.iteration, f"fine_tune/{g}.json"))

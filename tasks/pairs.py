@@ -26,6 +26,7 @@ def select_pairs(paths: RunPaths, context: IterationContext) -> dict:
             reward_ranges=context.reward_ranges,
             interval_threshold_proportion=malt.interval_threshold_proportion,
             seed=stable_int("pairs", context.hyper_params.seed, context.iteration),
+            pairs_per_parent=malt.pairs_per_parent,
         )
         path = paths.iteration_file(context.iteration, "pairs.parquet")
         return {"pairs.parquet": write_parquet(paths.fs, path, table)}, {"pairs": table.num_rows}

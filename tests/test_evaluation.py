@@ -255,5 +255,7 @@ def test_standalone_evaluation_of_an_iteration_not_reached_is_refused(
     assert evaluate_main([*args, "--run-name", "fresh", "--iteration", "3", "--no-wandb"]) == 2
     assert "iteration 2" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        evaluate_main([*args, "--split", "validation"])
-    assert "invalid choice: 'validation'" in capsys.readouterr().err
+        evaluate_main([*args, "--split", "dev"])
+    assert "invalid choice: 'dev'" in capsys.readouterr().err
+    assert evaluate_main([*args, "--split", "validation", "--no-wandb"]) == 2
+    assert "text_rl.validation_fraction" in capsys.readouterr().err

@@ -31,7 +31,9 @@ class TextRlParameters(BaseParameters):
     """Options shared by the text trainers (EI and MALT).
 
     `max_concurrent_requests` caps simultaneous model calls; `rollout_shard_size` is the number
-    of datapoints per checkpointed generation shard (both are ours, not nip's).
+    of datapoints per checkpointed generation shard, `validation_fraction` the share of the
+    train split's problems set aside (never trained on) for sweeps and the switch guard (all
+    three are ours, not nip's).
     """
 
     fine_tune_on_all_previous_rollouts: bool = False
@@ -42,12 +44,18 @@ class TextRlParameters(BaseParameters):
     test_on_whole_dataset: bool = True
     max_concurrent_requests: int = 32
     rollout_shard_size: int = 8
+    validation_fraction: float = 0.0
 
 
 @register_parameter_class
 @dataclass(frozen=True)
 class PureTextEiParameters(BaseParameters):
-    """Expert Iteration: which rollouts each agent is fine-tuned on."""
+    """Expert Iteration: which rollouts each agent is fine-tuned on.
+
+    `num_responses_per_timestep` is ours: nip samples one response per turn in EI; K > 1 grows
+    EI trees like MALT's (K samples per datapoint and turn), so an EI arm can be given the same
+    generation budget as a MALT arm.
+    """
 
     rollout_selection_method: Literal["threshold", "weighted_sampling"] = "threshold"
     reward_threshold: float = 0.9
@@ -55,6 +63,7 @@ class PureTextEiParameters(BaseParameters):
     weighting_minimum: float | None = None
     weighting_use_replacement: bool = True
     weighting_epsilon: float = 0.01
+    num_responses_per_timestep: int = 1
 
 
 @register_parameter_class
@@ -64,6 +73,9 @@ class PureTextMaltParameters(BaseParameters):
 
     `expected_reward_estimator` is ours: "monte_carlo" (a node's step reward plus the mean of
     its children's values) or nip's "leaf_average" (subtree reward over its leaf count).
+    `pairs_per_parent` is ours too: "one" (nip) picks at most one pair per (parent, agent);
+    "all" takes every sibling pair the method's rule accepts, each once, for more training
+    signal from the same trees.
     """
 
     num_responses_per_timestep: int = 2
@@ -72,3 +84,4 @@ class PureTextMaltParameters(BaseParameters):
     interval_threshold_proportion: float = 0.1
     num_initial_ei_iterations: int = 0
     expected_reward_estimator: Literal["monte_carlo", "leaf_average"] = "monte_carlo"
+    pairs_per_parent: Literal["one", "all"] = "one"

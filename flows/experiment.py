@@ -1,0 +1,201 @@
+"""Does training make a better verifier? Several arms from one config, learning curves with CIs.
+
+    python -m flows.experiment --config configs/experiment-cpu.yaml
+    python -m flows.experiment --config configs/experiment-cpu.yaml --run-name exp1 \
+        --set experiment.iterations=3 --set rl.learning_rate=1e-4
+
+The config is a normal hyper-parameter file plus an `experiment:` section (arms, iterations,
+samples per held-out datapoint; see nip_core/experiment/config.py). Under
+<artifacts-root>/<experiment>/ it writes:
+- base/: a run folder whose iteration 0 evaluates the base models (shared by every arm);
+- arms/<arm>/: one run folder per arm: N training iterations, each followed by an evaluation
+  of the models it switched to (stored as the next iteration's evaluation);
+- experiment.parquet (one row per arm, iteration, datapoint, sample), summary.parquet (per arm
+  and iteration, with 95 % bootstrap CIs and paired differences against the base model),
+  experiment.png and experiment.html.
+Everything resumes: rerunning finished work makes no model call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import yaml
+from prefect import flow
+
+from flows.malt_iteration import ConfigError, prepare_run, run_iteration_stages
+from nip_core.artifacts import ArtifactError, RunPaths, default_root
+from nip_core.experiment.config import (
+    BASE_RUN,
+    ExperimentSettings,
+    all_arms,
+    base_hyper_params,
+    experiment_overrides,
+    parse_settings,
+    split_config,
+)
+from nip_core.experiment.report import summary_text
+from nip_core.iteration_context import build_context
+from nip_core.parameters import HyperParameters
+from nip_core.parameters.loading import apply_overrides, read_params_file
+from nip_core.run_lock import RunLockedError, lock_run_folder
+from tasks.experiment import (
+    evaluate_iteration,
+    evaluation_rows,
+    models_after,
+    record_timing,
+    timings_table,
+)
+from tasks.experiment import write_outputs as write_outputs_task
+from tasks.lm_server import ensure_lm_server
+from tasks.tracking import open_tracker
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "experiment-cpu.yaml"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A checked experiment: the base configuration, its settings and every arm's."""
+
+    base: HyperParameters
+    settings: ExperimentSettings
+    arms: dict[str, HyperParameters]
+
+
+def resolve_experiment(config: str | None, overrides: list[str] | None) -> Experiment:
+    """Load and check everything (every arm's configuration too) before anything runs."""
+    path = Path(config) if config else DEFAULT_CONFIG
+    try:
+        data, section = split_config(read_params_file(path))
+        plain, own = experiment_overrides(list(overrides or []))
+        settings = parse_settings(section)
+        if own:
+            settable = set(ExperimentSettings.__dataclass_fields__) - {"arms"}
+            for key in own:
+                if key not in settable:
+                    raise ValueError(
+                        f"--set experiment.{key}: not a settable field ({sorted(settable)})"
+                    )
+            parsed = {k: yaml.safe_load(v) for k, v in own.items()}
+            settings = parse_settings(vars(settings) | parsed)
+        hp = apply_overrides(HyperParameters.from_dict(data), plain)
+        return Experiment(base_hyper_params(hp, settings), settings, all_arms(hp, settings))
+    except (ValueError, KeyError, TypeError, OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: {e}") from e
+
+
+def run_arm(
+    paths: RunPaths, hp: HyperParameters, arm: str, settings: ExperimentSettings, use_wandb: bool
+) -> None:
+    """N iterations of one arm, each followed by an evaluation of the models it switched to."""
+    tracker = open_tracker(paths, hp, arm, use_wandb)
+    try:
+        for iteration in range(settings.iterations):
+            context = build_context(hp, arm, iteration, models_after(paths, iteration))
+            started = time.monotonic()
+            run_iteration_stages(paths, context)
+            record_timing(paths, iteration, time.monotonic() - started)
+            evaluate_iteration(paths, hp, arm, iteration + 1, settings.evaluation_split, tracker)
+    finally:
+        tracker.finish()
+
+
+@flow(name="experiment", log_prints=True)
+def experiment_flow(
+    overrides: list[str] | None = None,
+    config: str | None = None,
+    run_name: str = "experiment",
+    artifacts_root: str | None = None,
+    use_wandb: bool = True,
+) -> list[dict]:
+    """Run (or resume) every arm; returns the summary rows."""
+    spec = resolve_experiment(config, overrides)
+    root = artifacts_root or default_root()
+    experiment_paths = RunPaths.open(root, run_name)
+    experiment_root = f"{root.rstrip('/')}/{run_name}"  # keeps an object store's URL scheme
+    split = spec.settings.evaluation_split
+    with lock_run_folder(experiment_paths):
+        base_paths = prepare_run(spec.base, experiment_root, BASE_RUN)
+        arms_root = f"{experiment_root}/arms"
+        server = ensure_lm_server(base_paths, build_context(spec.base, BASE_RUN, 0))
+        try:
+            evaluate_iteration(base_paths, spec.base, BASE_RUN, 0, split)
+            arm_paths = {}
+            for arm, hp in spec.arms.items():
+                paths = arm_paths[arm] = RunPaths.open(arms_root, arm)
+                with lock_run_folder(paths):
+                    prepare_run(hp, arms_root, arm)
+                    run_arm(paths, hp, arm, spec.settings, use_wandb)
+        finally:
+            if server is not None:
+                server.stop()
+        frames = [evaluation_rows(base_paths, BASE_RUN, 0, split)] + [
+            evaluation_rows(paths, arm, it, split)
+            for arm, paths in arm_paths.items()
+            for it in range(1, spec.settings.iterations + 1)
+        ]
+        summary = write_outputs_task(
+            experiment_paths,
+            frames,
+            timings_table(arm_paths),
+            resamples=spec.settings.bootstrap_resamples,
+            seed=spec.base.seed,
+            title=f"Experiment {run_name} ({split} split)",
+        )
+    return summary.to_dict("records")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m flows.experiment",
+        description="Run (or resume) a learning experiment: base model vs MALT vs expert "
+        "iteration (and any arms the config names), evaluated on the held-out split after "
+        "every iteration, with bootstrap confidence intervals.",
+    )
+    parser.add_argument("--config", help=f"experiment config (default: {DEFAULT_CONFIG})")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted override for every arm (or experiment.<field>=...), repeatable",
+    )
+    parser.add_argument("--run-name", default="experiment", help="the experiment's folder name")
+    parser.add_argument(
+        "--artifacts-root",
+        default=None,
+        help="root folder or fsspec URL (default: $NIP_ARTIFACTS_ROOT or ./artifacts)",
+    )
+    parser.add_argument(
+        "--no-wandb", dest="use_wandb", action="store_false", help="do not track with wandb"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    root = args.artifacts_root or default_root()
+    try:
+        resolve_experiment(args.config, args.overrides)
+        paths = RunPaths.open(root, args.run_name)
+    except (ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        rows = experiment_flow(args.overrides, args.config, args.run_name, root, args.use_wandb)
+    except (ConfigError, ArtifactError, RunLockedError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(summary_text(pd.DataFrame(rows)))
+    print(f"artifacts: {paths.run_dir} (experiment.html, summary.parquet, experiment.parquet)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Learning experiments: arms from one config, per-episode rows, bootstrap statistics, report."""

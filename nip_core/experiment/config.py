@@ -1,0 +1,150 @@
+"""An experiment's configuration: one hyper-parameter file plus an `experiment:` section.
+
+    experiment:
+      iterations: 2                   # training iterations per arm
+      samples_per_test_datapoint: 4   # seeded evaluation episodes per held-out datapoint
+      evaluation_split: test          # or "validation" (carved from train) while tuning
+      bootstrap_resamples: 2000
+      arms:                           # name -> dotted overrides; malt and ei are built in
+        malt: {}
+        ei: {}
+        malt_all_pairs: {pure_text_malt.pairs_per_parent: all}
+
+Every arm is the shared configuration plus its overrides, so arms share the seed, the data
+split and the generation budget (datapoints x K per iteration) unless an arm overrides them.
+`ei` runs every iteration as expert iteration with K samples per datapoint and turn, which keeps
+its generation budget equal to MALT's. Pure: dicts in, validated hyper-parameters out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from nip_core.parameters import HyperParameters
+from nip_core.parameters.loading import apply_overrides
+
+BASE_RUN = "base"
+SPLITS = ("test", "validation")
+_ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class ExperimentSettings:
+    iterations: int = 2
+    samples_per_test_datapoint: int = 4
+    evaluation_split: str = "test"
+    bootstrap_resamples: int = 2000
+    arms: Mapping[str, Mapping[str, object]] = field(default_factory=lambda: {"malt": {}, "ei": {}})
+
+
+def builtin_overrides(arm: str, iterations: int, hp: HyperParameters) -> dict[str, object]:
+    """What the arm names `malt` and `ei` mean (applied before the config's own overrides)."""
+    if arm == "malt":
+        return {"trainer": "pure_text_malt", "pure_text_malt.num_initial_ei_iterations": 0}
+    if arm == "ei":
+        return {
+            "trainer": "pure_text_malt",
+            "pure_text_malt.num_initial_ei_iterations": iterations,
+            "pure_text_ei.num_responses_per_timestep": hp.pure_text_malt.num_responses_per_timestep,
+        }
+    return {}
+
+
+def shared_overrides(settings: ExperimentSettings) -> dict[str, object]:
+    """What every arm (and the base evaluation) shares: iteration count and evaluation size."""
+    return {
+        "rl.num_iterations": settings.iterations,
+        "rl.num_test_iterations": settings.samples_per_test_datapoint,
+        "text_rl.test_on_whole_dataset": True,
+        "text_rl.test_scheme": "none",  # the experiment evaluates after every iteration itself
+    }
+
+
+def parse_settings(section: object) -> ExperimentSettings:
+    """The `experiment:` section, checked field by field (ValueError naming the field)."""
+    if section is None:
+        return ExperimentSettings()
+    if not isinstance(section, Mapping):
+        raise ValueError("'experiment' must be a mapping")
+    known = set(ExperimentSettings.__dataclass_fields__)
+    unknown = set(section) - known
+    if unknown:
+        raise ValueError(f"experiment: unknown keys {sorted(unknown)}; known: {sorted(known)}")
+    settings = ExperimentSettings(**dict(section))
+    for name in ("iterations", "samples_per_test_datapoint", "bootstrap_resamples"):
+        value = getattr(settings, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"experiment.{name} must be a positive integer, got {value!r}")
+    if settings.evaluation_split not in SPLITS:
+        raise ValueError(
+            f"experiment.evaluation_split must be one of {SPLITS}, got "
+            f"{settings.evaluation_split!r}"
+        )
+    arms = settings.arms
+    if not isinstance(arms, Mapping) or not arms:
+        raise ValueError("experiment.arms must be a non-empty mapping of arm name -> overrides")
+    for name, overrides in arms.items():
+        if not isinstance(name, str) or not _ARM_NAME.match(name) or name == BASE_RUN:
+            raise ValueError(
+                f"experiment.arms: bad arm name {name!r} (letters, digits, _ and -; not "
+                f"{BASE_RUN!r})"
+            )
+        if overrides is not None and not isinstance(overrides, Mapping):
+            raise ValueError(f"experiment.arms.{name} must be a mapping of dotted key -> value")
+    return settings
+
+
+def _as_override_strings(values: Mapping[str, object]) -> list[str]:
+    def show(value: object) -> str:
+        if value is None:
+            return "null"
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return str(value)
+
+    return [f"{key}={show(value)}" for key, value in values.items()]
+
+
+def arm_hyper_params(
+    hp: HyperParameters, settings: ExperimentSettings, arm: str
+) -> HyperParameters:
+    """The arm's full configuration; ValueError names the arm and the bad override."""
+    overrides = (
+        builtin_overrides(arm, settings.iterations, hp)
+        | shared_overrides(settings)
+        | dict(settings.arms[arm] or {})
+    )
+    try:
+        return apply_overrides(hp, _as_override_strings(overrides))
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"experiment arm {arm!r}: {e}") from e
+
+
+def base_hyper_params(hp: HyperParameters, settings: ExperimentSettings) -> HyperParameters:
+    """The configuration the base model is evaluated with (no arm overrides)."""
+    return apply_overrides(hp, _as_override_strings(shared_overrides(settings)))
+
+
+def all_arms(hp: HyperParameters, settings: ExperimentSettings) -> dict[str, HyperParameters]:
+    """Every arm's configuration, built (and so validated) before anything runs."""
+    return {arm: arm_hyper_params(hp, settings, arm) for arm in settings.arms}
+
+
+def split_config(data: Mapping[str, object]) -> tuple[dict, object]:
+    """(hyper-parameter mapping, `experiment` section) of a loaded config file."""
+    data = dict(data)
+    return data, data.pop("experiment", None)
+
+
+def experiment_overrides(overrides: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """Split `--set` values into hyper-parameter overrides and `experiment.<field>` ones."""
+    plain, own = [], {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if key.startswith("experiment.") and sep:
+            own[key.removeprefix("experiment.")] = value
+        else:
+            plain.append(item)
+    return plain, own

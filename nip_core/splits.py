@@ -1,0 +1,53 @@
+"""Dataset splits as the stages see them: train, a validation split carved from it, test.
+
+`text_rl.validation_fraction` of the train split's problems (all rows of a problem together, so
+a correct and a buggy solution of one problem never straddle the cut) is set aside, seeded by
+the run seed: the trainer never sees them, and evaluations on `validation` (hyper-parameter
+sweeps, the switch guard) measure on them, keeping the test split for the final report.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from nip_core.data import load_for_parameters
+from nip_core.data.stable import stable_fraction
+
+SPLITS: tuple[str, ...] = ("test", "train", "validation")
+
+
+def check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
+
+def validation_mask(frame: pd.DataFrame, fraction: float, seed: int) -> pd.Series:
+    """True for the rows whose problem falls into the validation share (stable per problem)."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"text_rl.validation_fraction must be in [0, 1), got {fraction}")
+    key = frame["problem_id"] if "problem_id" in frame.columns else frame["id"]
+    draws = key.map(lambda problem: stable_fraction("validation", seed, problem))
+    return draws < fraction
+
+
+def load_split(hp, split: str) -> pd.DataFrame:
+    """The rows of `split` for a configuration, with the validation problems carved out of train."""
+    check_split(split)
+    source = "test" if split == "test" else "train"
+    frame = load_for_parameters(
+        hp.dataset,
+        source,
+        options=hp.dataset_options,
+        code_validation=hp.code_validation,
+        seed=hp.seed,
+    )
+    if split == "test":
+        return frame
+    fraction = hp.text_rl.validation_fraction
+    if split == "validation" and fraction == 0:
+        raise ValueError(
+            "the validation split is empty: set text_rl.validation_fraction (e.g. 0.2) to carve "
+            "one from the train split"
+        )
+    mask = validation_mask(frame, fraction, hp.seed)
+    return frame[mask if split == "validation" else ~mask].reset_index(drop=True)
