@@ -158,8 +158,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--n", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="server only: send each prompt this many times (an evaluation's repeated episodes)",
+    )
+    parser.add_argument("--server-only", action="store_true", help="skip the raw baseline")
     args = parser.parse_args(argv)
     chats = prompts(args.requests)
+    if args.server_only:
+        repeated = [chat for chat in chats for _ in range(args.repeat)]
+        server_tokens_per_second(repeated, args.n, args.max_tokens)
+        return
     raw = raw_tokens_per_second(chats, args.n, args.max_tokens)
     gc.collect()  # the raw model is gone with its function's frame
     served = server_tokens_per_second(chats, args.n, args.max_tokens)

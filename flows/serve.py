@@ -2,7 +2,7 @@
 
     prefect server start                                  # in another terminal
     export PREFECT_API_URL=http://127.0.0.1:4200/api
-    python -m flows.serve                                 # serves malt-iteration and malt-run
+    python -m flows.serve                      # serves malt-iteration, malt-run and experiment
     prefect deployment run 'malt-iteration/malt-iteration' \\
         -p run_name=exp1 -p 'overrides=["agents._default.use_dummy_api=true"]'
 
@@ -18,11 +18,13 @@ import sys
 from prefect import serve
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 
+from flows.experiment import experiment_flow
 from flows.malt_iteration import malt_iteration
 from flows.malt_run import malt_run
 
-FLOWS = {"malt-iteration": malt_iteration, "malt-run": malt_run}
+FLOWS = {"malt-iteration": malt_iteration, "malt-run": malt_run, "experiment": experiment_flow}
 DEFAULT_PARAMETERS = {"overrides": [], "run_name": "default"}
+FLOW_PARAMETERS = {"experiment": {"overrides": [], "run_name": "experiment"}}
 
 
 def concurrency_limit() -> ConcurrencyLimitConfig:
@@ -39,7 +41,7 @@ def deployments(names: list[str] | None = None) -> list:
     return [
         FLOWS[name].to_deployment(
             name=name,
-            parameters=dict(DEFAULT_PARAMETERS),
+            parameters=dict(FLOW_PARAMETERS.get(name, DEFAULT_PARAMETERS)),
             concurrency_limit=concurrency_limit(),
             tags=["nip-malt"],
             description=(FLOWS[name].description or "").strip().splitlines()[0],

@@ -218,6 +218,8 @@ class SharedModelGroup:
             "stack_lora_adapters": p.stack_lora_adapters,
             "quantization": p.quantization,
             "learning_rate": self.rl_learning_rate,
+            "loss_type": p.dpo_loss_type,
+            "rpo_alpha": p.dpo_rpo_alpha,
         }
 
     def _api(self) -> Any:

@@ -36,6 +36,7 @@ from nip_core.model_groups import (
 )
 from tasks.common import run_stage
 from tasks.retry import retry_transient_only
+from tasks.switch_guard import guard_switch
 
 log = logging.getLogger(__name__)
 POLL_START, POLL_MAX = 1.0, 30.0
@@ -159,6 +160,8 @@ def switch_models(paths: RunPaths, context: IterationContext) -> dict[str, str]:
                 await close_clients(groups.values())
 
         asyncio.run(switch())
+        if context.hyper_params.text_rl.switch_guard:
+            models = guard_switch(paths, context, models)
         return {}, {"models_after": models}
 
     models = run_stage(paths, context, "switch_model", compute)["info"]["models_after"]

@@ -140,3 +140,18 @@ def test_stacked_adapter_equals_the_sum_of_both(tmp_path):
     assert torch.allclose(
         delta(out, v_key), delta(adapters[1][0], v_key) * adapters[1][1], atol=1e-5
     )
+
+
+def test_rpo_alpha_adds_an_sft_term_on_the_chosen_answer():
+    from nip_core.lm_server.training import dpo_losses, trainer_config
+
+    plain = parse_options({"type": "dpo"}, {})
+    assert (plain.loss_type, plain.rpo_alpha) == ("sigmoid", 0.0)
+    assert dpo_losses(plain) == {"loss_type": ["sigmoid"]}
+    rpo = parse_options({"type": "dpo"}, {"rpo_alpha": 0.5, "loss_type": "ipo"})
+    config = trainer_config(rpo, "/tmp/unused-output")
+    assert config.loss_type == ["ipo", "sft"] and config.loss_weights == [1.0, 0.5]
+    with pytest.raises(OptionsError, match="loss_type"):
+        parse_options({"type": "dpo"}, {"loss_type": "nope"})
+    with pytest.raises(OptionsError, match="rpo_alpha"):
+        parse_options({"type": "dpo"}, {"rpo_alpha": -1})

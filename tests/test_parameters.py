@@ -67,7 +67,8 @@ vllm_server_port use_dummy_api shared_model_group temperature top_p repetition_p
 fine_tune_from_scratch freeze_agent quantization num_epochs dpo_beta use_lora lora_rank lora_alpha
 lora_alpha_scale lora_dropout stack_lora_adapters per_device_train_batch_size
 system_prompt_template_path use_supervisor_message supervisor_name max_response_words
-max_tokens_per_message num_invalid_generation_retries request_timeout_seconds""".split()
+max_tokens_per_message num_invalid_generation_retries request_timeout_seconds dpo_loss_type
+dpo_rpo_alpha""".split()
 
 
 def test_agent_fields_follow_the_seed_page_order_and_defaults():

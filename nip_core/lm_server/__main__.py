@@ -4,12 +4,14 @@
         [--model NAME_OR_PATH] [--state-dir DIR]
 
 Without `--model` it serves the embedded SmolLM2-135M-Instruct (converted on first use). Set
+`NIP_LM_SERVER_LOG_LEVEL=INFO` to log every generate call (size and time). Set
 `NIP_LM_SERVER_TOKEN` to require `Authorization: Bearer <token>` on every route but /health.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from pathlib import Path
 
@@ -49,6 +51,10 @@ def main(argv: list[str] | None = None) -> None:
     from nip_core.lm_server.app import create_app
 
     args = _parse(argv)
+    logging.basicConfig(
+        level=os.environ.get("NIP_LM_SERVER_LOG_LEVEL", "WARNING").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     if args.engine == "dummy" and not args.model:
         from nip_core.embedded_model import EMBEDDED_MODEL_NAME
 

@@ -21,8 +21,27 @@ _NIP_FIELDS = (
     "quantization",
     "learning_rate",
     "seed",
+    "loss_type",
+    "rpo_alpha",
 )
 QUANTIZATIONS = ("none", "bitsandbytes")
+# TRL's pairwise DPO losses (an "sft" term is added through rpo_alpha instead).
+LOSS_TYPES = (
+    "sigmoid",
+    "hinge",
+    "ipo",
+    "exo_pair",
+    "nca_pair",
+    "robust",
+    "bco_pair",
+    "sppo_hard",
+    "aot",
+    "aot_unpaired",
+    "apo_zero",
+    "apo_down",
+    "discopop",
+    "sigmoid_norm",
+)
 
 
 class OptionsError(ValueError):
@@ -49,6 +68,8 @@ class TrainingOptions:
     stack_lora_adapters: bool = False
     quantization: str = "none"
     seed: int = 0
+    loss_type: str = "sigmoid"
+    rpo_alpha: float = 0.0  # weight of an NLL term on the chosen answer (RPO); 0: plain DPO
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -122,6 +143,9 @@ def parse_options(method: Any, nip_training: Any, seed: Any = None) -> TrainingO
     if quantization not in QUANTIZATIONS:
         raise OptionsError(f"quantization must be one of {QUANTIZATIONS}", "quantization")
     seed = nip.get("seed", seed)
+    loss_type = nip.get("loss_type") or "sigmoid"
+    if loss_type not in LOSS_TYPES:
+        raise OptionsError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}", "loss_type")
     return TrainingOptions(
         method=kind,
         n_epochs=_number(_auto(hyper.get("n_epochs")) or 1, "n_epochs", int, 1, 1000),
@@ -135,4 +159,6 @@ def parse_options(method: Any, nip_training: Any, seed: Any = None) -> TrainingO
         stack_lora_adapters=_bool(nip.get("stack_lora_adapters", False), "stack_lora_adapters"),
         quantization=quantization,
         seed=0 if seed is None else _number(seed, "seed", int, 0),
+        loss_type=loss_type,
+        rpo_alpha=_number(nip.get("rpo_alpha") or 0.0, "rpo_alpha", float, 0, 100),
     )

@@ -124,8 +124,18 @@ def trainer_config(options: TrainingOptions, output_dir: str, **overrides: Any):
     if options.method == "dpo":
         # TRL disables dropout so policy and reference agree; keep LoRA dropout when asked for.
         disable = not (options.use_lora and options.lora_dropout > 0)
-        return DPOConfig(beta=options.beta, disable_dropout=disable, **common | overrides)
+        losses = dpo_losses(options)
+        return DPOConfig(beta=options.beta, disable_dropout=disable, **losses | common | overrides)
     return SFTConfig(**common | overrides)
+
+
+def dpo_losses(options: TrainingOptions) -> dict[str, Any]:
+    """TRL's loss_type/loss_weights: the pairwise loss, plus an NLL ("sft") term on the chosen
+    answer weighted by `rpo_alpha` (RPO), which keeps DPO from pushing both answers' likelihood
+    down until a small model writes nonsense."""
+    if options.rpo_alpha <= 0:
+        return {"loss_type": [options.loss_type]}
+    return {"loss_type": [options.loss_type, "sft"], "loss_weights": [1.0, options.rpo_alpha]}
 
 
 # Without checkpointing, SmolLM2-135M + LoRA keeps ~3.5 MB of activations per batch token on CPU

@@ -32,8 +32,10 @@ class TextRlParameters(BaseParameters):
 
     `max_concurrent_requests` caps simultaneous model calls; `rollout_shard_size` is the number
     of datapoints per checkpointed generation shard, `validation_fraction` the share of the
-    train split's problems set aside (never trained on) for sweeps and the switch guard (all
-    three are ours, not nip's).
+    train split's problems set aside (never trained on) for sweeps and the switch guard. With
+    `switch_guard`, a fine-tuned model replaces the previous one only if its mean episode reward
+    on `switch_guard_episodes` validation episodes is not lower by more than
+    `switch_guard_margin` (nip has no guard). All of these are ours, not nip's.
     """
 
     fine_tune_on_all_previous_rollouts: bool = False
@@ -45,6 +47,9 @@ class TextRlParameters(BaseParameters):
     max_concurrent_requests: int = 32
     rollout_shard_size: int = 8
     validation_fraction: float = 0.0
+    switch_guard: bool = False
+    switch_guard_episodes: int = 32
+    switch_guard_margin: float = 0.05
 
 
 @register_parameter_class

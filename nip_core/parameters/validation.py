@@ -25,6 +25,7 @@ _POSITIVE = {
     "num_responses_per_timestep",
     "max_message_rounds",
     "per_device_train_batch_size",
+    "switch_guard_episodes",
 }
 _UNSUPPORTED = {
     ("scenario", "graph_isomorphism"): "nip's tensor scenarios are not supported",
@@ -140,6 +141,16 @@ def _text_rl_rules(p: Any) -> None:
     _in_range(name, "verifier_guess_replacement_proportion", prop, 0.0, 1.0)
     rate = p.verifier_guess_replacement_annealing_rate
     _in_range(name, "verifier_guess_replacement_annealing_rate", rate, 0.0, 1.0)
+    _require(
+        0.0 <= p.validation_fraction < 1.0,
+        f"{name}.validation_fraction: must be in [0, 1), got {p.validation_fraction}",
+    )
+    _require(
+        not p.switch_guard or p.validation_fraction > 0,
+        f"{name}.switch_guard needs validation episodes: set text_rl.validation_fraction > 0 "
+        "(e.g. 0.2) or text_rl.switch_guard=false",
+    )
+    _require(p.switch_guard_margin >= 0, f"{name}.switch_guard_margin: must be >= 0")
 
 
 @rule("RlTrainerParameters")

@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import re
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +29,7 @@ from nip_core.lm_server.engines.base import AdapterError, ChatChoice, ChatReques
 from nip_core.seeding import stable_int
 
 _Pending = tuple[ChatRequest, asyncio.Future]
+log = logging.getLogger(__name__)
 
 
 class TransformersEngine:
@@ -226,7 +229,14 @@ class TransformersEngine:
                 self.default_max_tokens,
             ):
                 try:
+                    started = time.perf_counter()
                     results = await self._run(self._generate, [r for r, _ in group])
+                    log.info(
+                        "generate: %d requests, %d sequences, %.1f s",
+                        len(group),
+                        sum(r.n for r, _ in group),
+                        time.perf_counter() - started,
+                    )
                 except Exception as exc:  # answer every caller, keep serving
                     for _, future in group:
                         if not future.done():

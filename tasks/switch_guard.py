@@ -1,0 +1,88 @@
+"""Stage: score fine-tuned models against the previous ones before switching (`switch_guard`).
+
+Runs inside the switch stage when `text_rl.switch_guard` is on. Each scoring is an evaluation
+on the first `text_rl.switch_guard_episodes` validation episodes (one sample per turn, the same
+datapoints and call seeds for both models), with its own call journal and files
+(`guard-<label>.parquet`), so an interrupted guard replays its finished calls. The manifest
+stage `switch_guard` records both scores, the margin and the verdict per group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from nip_core.artifacts import RunPaths, write_parquet
+from nip_core.data import datapoints
+from nip_core.evaluation import evaluation_items, evaluation_metrics, evaluation_table
+from nip_core.iteration_context import IterationContext, build_context
+from nip_core.splits import load_split
+from nip_core.switch_guard import group_score, guarded_models, verdict
+from tasks.common import run_stage
+from tasks.evaluate import _grow_then_close, evaluation_settings, journaled_clients
+
+log = logging.getLogger(__name__)
+
+
+def score_models(
+    paths: RunPaths, context: IterationContext, group_models: dict[str, str], label: str
+) -> dict[str, float | None]:
+    """Mean episode reward per agent when the groups use `group_models` (validation episodes)."""
+    hp = context.hyper_params
+    scored = build_context(hp, context.run_name, context.iteration, group_models)
+    points = datapoints(load_split(hp, "validation"))
+    count = min(hp.text_rl.switch_guard_episodes, len(points))
+    items = evaluation_items(points, count, hp.seed, "validation")
+    it = context.iteration
+    journal_dir = Path(paths.iteration_dir(it)) if paths.is_local else None
+    clients = journaled_clients(scored, journal_dir, f"guard-{label}")
+    settings = evaluation_settings(scored, clients, "validation")
+    nodes = asyncio.run(_grow_then_close(items, settings, None))
+    table = evaluation_table(
+        nodes, scored.agent_names, iteration=it, protocol=scored.protocol.name, split="validation"
+    )
+    write_parquet(paths.fs, paths.iteration_file(it, f"guard-{label}.parquet"), table)
+    metrics = evaluation_metrics(table, scored.agent_names)
+    return {a: m["mean_episode_reward"] for a, m in metrics["agents"].items()}
+
+
+def guard_switch(
+    paths: RunPaths, context: IterationContext, candidates: dict[str, str]
+) -> dict[str, str]:
+    """The models to switch to: each changed group's candidate, unless the guard keeps the old."""
+    current = dict(context.group_models)
+    changed = [g for g, model in candidates.items() if model != current.get(g)]
+    if not changed:
+        return dict(candidates)
+    margin = context.hyper_params.text_rl.switch_guard_margin
+
+    def compute():
+        previous = score_models(paths, context, current, "previous")
+        report = {}
+        for group in changed:
+            trial = score_models(paths, context, current | {group: candidates[group]}, group)
+            agents = context.groups[group]
+            old, new = group_score(previous, agents), group_score(trial, agents)
+            report[group] = {
+                "previous_model": current[group],
+                "new_model": candidates[group],
+                "previous_score": old,
+                "new_score": new,
+                "margin": margin,
+                "episodes": context.hyper_params.text_rl.switch_guard_episodes,
+                "verdict": verdict(old, new, margin),
+            }
+        return {}, report
+
+    report = run_stage(paths, context, "switch_guard", compute)["info"]
+    for group, entry in report.items():
+        log.warning(
+            "switch guard, group %s: previous model %.3f, new model %.3f (margin %s): %s",
+            group,
+            entry["previous_score"],
+            entry["new_score"],
+            entry["margin"],
+            entry["verdict"],
+        )
+    return guarded_models(current, candidates, {g: e["verdict"] for g, e in report.items()})

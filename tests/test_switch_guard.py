@@ -1,0 +1,90 @@
+"""The switch guard keeps the previous model when the fine-tuned one scores worse."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import tasks.switch_guard as guard_stage
+from flows.malt_iteration import malt_iteration
+from nip_core.parameters import load_hyper_params
+from nip_core.switch_guard import KEPT_PREVIOUS, SWITCHED, group_score, guarded_models, verdict
+
+BASE = [
+    "agents._default.use_dummy_api=true",
+    "interaction_protocol=solo_verifier",
+    "rl.rollouts_per_iteration=8",
+    "pure_text_malt.num_responses_per_timestep=4",
+    "text_rl.validation_fraction=0.3",
+    "text_rl.switch_guard_episodes=6",
+]
+GUARDED = [*BASE, "text_rl.switch_guard=true"]
+
+
+def manifest(root: Path, run: str) -> dict:
+    return json.loads((root / run / "iterations" / "0000" / "manifest.json").read_text())
+
+
+def test_verdict_and_models_by_hand():
+    assert verdict(0.5, 0.44, margin=0.05) == KEPT_PREVIOUS
+    assert verdict(0.5, 0.46, margin=0.05) == SWITCHED
+    assert verdict(0.5, 0.9, margin=0.0) == SWITCHED
+    assert group_score({"a": 1.0, "b": None}, ["a", "b"]) == 0.5
+    assert guarded_models(
+        {"g": "old", "h": "old-h"},
+        {"g": "new", "h": "new-h"},
+        {"g": KEPT_PREVIOUS, "h": SWITCHED},
+    ) == {"g": "old", "h": "new-h"}
+
+
+def fake_scores(previous: float, new: float, calls: list[str]):
+    def score(paths, context, group_models, label):
+        calls.append(label)
+        return {"verifier": previous if label == "previous" else new}
+
+    return score
+
+
+@pytest.mark.parametrize(
+    ("new", "expected"), [(0.1, KEPT_PREVIOUS), (0.6, SWITCHED), (0.58, SWITCHED)]
+)
+def test_guard_keeps_or_switches_and_records_both_scores(
+    prefect_harness, tmp_path, monkeypatch, new, expected
+):
+    calls: list[str] = []
+    monkeypatch.setattr(guard_stage, "score_models", fake_scores(0.6, new, calls))
+    stats = malt_iteration(overrides=GUARDED, run_name="g", artifacts_root=str(tmp_path))
+    entry = manifest(tmp_path, "g")["stages"]["switch_guard"]["info"]["verifier"]
+    assert (entry["previous_score"], entry["new_score"], entry["verdict"]) == (0.6, new, expected)
+    assert entry["new_model"].startswith("dummy-ft:verifier")
+    kept = entry["previous_model"] if expected == KEPT_PREVIOUS else entry["new_model"]
+    assert stats["models_after"]["verifier"] == kept
+    assert manifest(tmp_path, "g")["models_after"]["verifier"] == kept
+    assert calls == ["previous", "verifier"]
+
+
+def test_without_the_guard_the_switch_always_happens(prefect_harness, tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the guard must not score anything when it is off")
+
+    monkeypatch.setattr(guard_stage, "score_models", refuse)
+    stats = malt_iteration(overrides=BASE, run_name="off", artifacts_root=str(tmp_path))
+    assert stats["models_after"]["verifier"].startswith("dummy-ft:verifier")
+    assert "switch_guard" not in manifest(tmp_path, "off")["stages"]
+
+
+def test_guard_scores_real_validation_episodes(prefect_harness, tmp_path):
+    malt_iteration(overrides=GUARDED, run_name="real", artifacts_root=str(tmp_path))
+    it = tmp_path / "real" / "iterations" / "0000"
+    entry = manifest(tmp_path, "real")["stages"]["switch_guard"]["info"]["verifier"]
+    assert entry["verdict"] in (SWITCHED, KEPT_PREVIOUS)
+    assert isinstance(entry["previous_score"], float) and isinstance(entry["new_score"], float)
+    assert (it / "guard-previous.parquet").exists() and (it / "guard-verifier.parquet").exists()
+
+
+def test_guard_needs_a_validation_split(tmp_path):
+    config = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+    with pytest.raises(ValueError, match="validation_fraction"):
+        load_hyper_params(config, ["text_rl.switch_guard=true", "text_rl.validation_fraction=0"])
