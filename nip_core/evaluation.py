@@ -204,6 +204,7 @@ def evaluation_metrics(table: pa.Table, agent_names: Sequence[str]) -> dict:
         "split": table.column("split")[0].as_py(),
         "rollouts": table.num_rows,
         **verifier_metrics(decisions, labels),
+        **judging_metrics(table),
         "accuracy_y0": _mean(correct[labels == 0]),
         "accuracy_y1": _mean(correct[labels == 1]),
         "mean_episode_length": _mean(table.column("rounds").to_numpy()),
@@ -213,6 +214,27 @@ def evaluation_metrics(table: pa.Table, agent_names: Sequence[str]) -> dict:
             for agent, values in rewards.items()
         },
     }
+
+
+def judging_metrics(table: pa.Table, resamples: int = 1000, seed: int = 0) -> dict:
+    """Metrics that separate answering from judging, each with its 95 % bootstrap CI over
+    datapoints: accuracy, accuracy when decided, balanced accuracy and accept rate (of the
+    decisions). A verifier that always accepts scores 0.5 on a balanced split, yet decides
+    every time; decided accuracy against 0.5 is what shows judging."""
+    from nip_core.experiment.stats import METRICS, bootstrap, per_datapoint, resample_indices
+
+    frame = table.select(["datapoint_id", "decision", "y", "correct"]).to_pandas()
+    datapoints = np.sort(frame["datapoint_id"].unique())
+    sums = per_datapoint(frame, datapoints)
+    indices = resample_indices(len(datapoints), resamples, seed)
+    out: dict = {}
+    for name in ("accuracy", "accuracy_when_decided", "balanced_accuracy", "accept_rate"):
+        point, low, high = bootstrap(sums, METRICS[name], indices)
+        clean = [None if np.isnan(v) else v for v in (point, low, high)]
+        if name != "accuracy":
+            out[name] = clean[0]
+        out[f"{name}_ci_low"], out[f"{name}_ci_high"] = clean[1], clean[2]
+    return out
 
 
 def format_metrics(metrics: Mapping) -> str:
@@ -225,5 +247,7 @@ def format_metrics(metrics: Mapping) -> str:
         f"{metrics['split']} evaluation ({metrics['protocol']}, {metrics['rollouts']} rollouts): "
         f"accuracy {show(metrics['accuracy'])}, precision {show(metrics['precision'])}, "
         f"recall {show(metrics['recall'])}, decision rate {show(metrics['decision_rate'])}, "
+        f"accuracy when decided {show(metrics.get('accuracy_when_decided'))}, "
+        f"accept rate {show(metrics.get('accept_rate'))}, "
         f"mean episode length {show(metrics['mean_episode_length'])}"
     )

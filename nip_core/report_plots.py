@@ -18,7 +18,10 @@ AGENT_METRICS = {
     "pair_proportion": "Pair proportion (pairs / non-terminal nodes)",
     "mean_expected_reward": "Mean expected reward (active nodes)",
 }
-_EVAL_METRIC = re.compile(r"^eval\.(.+\.)?(accuracy|precision|recall|decision_rate)$")
+_EVAL_METRIC = re.compile(
+    r"^eval\.(.+\.)?(accuracy|precision|recall|decision_rate|accuracy_when_decided"
+    r"|balanced_accuracy|accept_rate)$"
+)
 
 
 @dataclass(frozen=True)

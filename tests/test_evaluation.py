@@ -259,3 +259,21 @@ def test_standalone_evaluation_of_an_iteration_not_reached_is_refused(
     assert "invalid choice: 'dev'" in capsys.readouterr().err
     assert evaluate_main([*args, "--split", "validation", "--no-wandb"]) == 2
     assert "text_rl.validation_fraction" in capsys.readouterr().err
+
+
+def test_judging_metrics_by_hand():
+    from nip_core.evaluation import judging_metrics
+
+    table = pa.table(
+        {
+            "datapoint_id": [1, 1, 2, 2],
+            "decision": pa.array([1, None, 1, 0], pa.int64()),
+            "y": [1, 1, 0, 0],
+            "correct": [True, False, False, True],
+        }
+    )
+    metrics = judging_metrics(table, resamples=200)
+    assert metrics["accuracy_when_decided"] == pytest.approx(2 / 3)
+    assert metrics["accept_rate"] == pytest.approx(2 / 3)
+    assert metrics["balanced_accuracy"] == pytest.approx(0.5)
+    assert metrics["accuracy_ci_low"] <= 0.5 <= metrics["accuracy_ci_high"]

@@ -102,3 +102,34 @@ def test_bad_experiment_settings_fail_with_one_line(tmp_path, capsys, override, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0]
     assert not (tmp_path / "experiment").exists()
+
+
+def test_sigkill_mid_arm_then_rerun_matches_an_uninterrupted_experiment(prefect_harness, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    config = write_config(tmp_path, CONFIG)
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    args = ["--config", config, "--run-name", "exp", "--no-wandb"]
+    assert experiment_main([*args, "--artifacts-root", str(whole)]) == 0
+
+    command = [sys.executable, "-m", "flows.experiment", *args, "--artifacts-root", str(killed)]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marker = killed / "exp" / "arms" / "malt" / "iterations" / "0000" / "nodes.parquet"
+    deadline = time.monotonic() + 120
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "exp" / "summary.parquet").exists()  # killed mid-arm
+    assert experiment_main([*args, "--artifacts-root", str(killed)]) == 0
+
+    columns = list(EXPERIMENT_COLUMNS)
+    expected = pd.read_parquet(whole / "exp" / "experiment.parquet")[columns]
+    assert pd.read_parquet(killed / "exp" / "experiment.parquet")[columns].equals(expected)
+    for relative in ("arms/malt/iterations/0001/eval.parquet", "base/iterations/0000/eval.parquet"):
+        assert (killed / "exp" / relative).read_bytes() == (whole / "exp" / relative).read_bytes()

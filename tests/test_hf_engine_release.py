@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from nip_core.lm_server.engines.base import ChatRequest
-from nip_core.lm_server.engines.hf import TransformersEngine
+from nip_core.lm_server.engines.hf import TransformersEngine, _chunks, peft_adapter_name
 from tests.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -75,3 +75,42 @@ async def _scenario(model_dir, first, second) -> None:
 def test_release_drops_weights_and_any_request_reloads_them(model_and_adapters):
     model_dir, (first, second) = model_and_adapters
     asyncio.run(_scenario(model_dir, first, second))
+
+
+async def _dotted_names(model_dir, first, second) -> None:
+    """Served names built from run names with dots (`sweep-lr0.5`) load, serve and unload."""
+    engine = TransformersEngine(str(model_dir))
+    await engine.start()
+    try:
+        await engine.load_adapter("plain", str(first))
+        expected = await _greedy(engine, "plain")
+        dotted = "ft:tiny:sweep-lr0.5-it0-verifier"
+        await engine.load_adapter(dotted, str(first))
+        await engine.load_adapter("ft:tiny:sweep-lr0_5-it0-verifier", str(second))
+        assert await _greedy(engine, dotted) == expected
+        await engine.unload_adapter(dotted)
+        assert dotted not in engine.models()
+    finally:
+        await engine.stop()
+
+
+def test_adapter_names_with_dots_are_served(model_and_adapters):
+    model_dir, (first, second) = model_and_adapters
+    asyncio.run(_dotted_names(model_dir, first, second))
+    assert peft_adapter_name("a.b") not in ("a.b", "a_b", peft_adapter_name("a_b"))
+    assert "." not in peft_adapter_name("x.y.z") and peft_adapter_name("ok-name") == "ok-name"
+
+
+def test_chunks_pack_by_length_within_both_limits():
+    def pending(length: int, n: int = 1):
+        request = ChatRequest(model="m", messages=[{"role": "user", "content": "x" * length}], n=n)
+        return (request, None)
+
+    group = [pending(50), pending(10), pending(300), pending(20, n=4), pending(40)]
+    length = lambda r: len(r.messages[0]["content"])  # noqa: E731
+    chunks = _chunks([group], max_sequences=6, max_tokens=400, prompt_length=length,
+                     default_new_tokens=10)  # fmt: skip
+    lengths = [[length(r) for r, _ in chunk] for chunk in chunks]
+    # sorted by length; 10+20(x4) = 5 sequences; adding 40 makes 6 x 50 = 300 <= 400 tokens;
+    # 50 then needs 7 sequences; 300 alone exceeds the budget but still gets its own call
+    assert lengths == [[10, 20, 40], [50], [300]]
