@@ -2,8 +2,9 @@
 
 Runs inside the switch stage when `text_rl.switch_guard` is on. Each scoring is an evaluation
 on the first `text_rl.switch_guard_episodes` validation episodes (one sample per turn, the same
-datapoints and call seeds for both models), with its own call journal and files
-(`guard-<label>.parquet`), so an interrupted guard replays its finished calls. The manifest
+datapoints and call seeds for both models), written to `guard-<label>.parquet`. All scorings
+share one call journal (`guard-calls-*.jsonl`): an interrupted guard replays its finished calls,
+and calls of agents whose model is unchanged are made once. The manifest
 stage `switch_guard` records both scores, the margin and the verdict per group.
 """
 
@@ -36,7 +37,9 @@ def score_models(
     items = evaluation_items(points, count, hp.seed, "validation")
     it = context.iteration
     journal_dir = Path(paths.iteration_dir(it)) if paths.is_local else None
-    clients = journaled_clients(scored, journal_dir, f"guard-{label}")
+    # One journal for every scoring: a call that an earlier scoring already made (an agent
+    # whose model is the same in both) is replayed, not asked again.
+    clients = journaled_clients(scored, journal_dir, "guard")
     settings = evaluation_settings(scored, clients, "validation")
     nodes = asyncio.run(_grow_then_close(items, settings, None))
     table = evaluation_table(

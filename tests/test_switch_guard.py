@@ -19,6 +19,7 @@ BASE = [
     "pure_text_malt.num_responses_per_timestep=4",
     "text_rl.validation_fraction=0.3",
     "text_rl.switch_guard_episodes=6",
+    "text_rl.switch_guard=false",
 ]
 GUARDED = [*BASE, "text_rl.switch_guard=true"]
 

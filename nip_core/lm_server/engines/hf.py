@@ -43,7 +43,7 @@ class TransformersEngine:
         *,
         max_batch: int = 512,
         max_sequences: int = 64,
-        max_batch_tokens: int = 24_576,
+        max_batch_tokens: int = 16_384,
         default_max_tokens: int = 512,
         **_: Any,
     ) -> None:
@@ -51,7 +51,7 @@ class TransformersEngine:
         self.max_batch = max_batch
         # One `generate` call holds at most `max_sequences` sequences and
         # `max_batch_tokens` = sequences x (longest prompt + max new tokens): the token budget
-        # bounds the KV cache (about 46 kB a token for SmolLM2-135M in fp32, so ~1.1 GB).
+        # bounds the KV cache (about 46 kB a token for SmolLM2-135M in fp32, so ~0.75 GB).
         self.max_sequences = max_sequences
         self.max_batch_tokens = max_batch_tokens
         self.default_max_tokens = default_max_tokens
