@@ -14,21 +14,27 @@ thread-safe).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
-import re
 import time
-from collections import defaultdict
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from nip_core.lm_server.engines.base import AdapterError, ChatChoice, ChatRequest
-from nip_core.seeding import stable_int
+from nip_core.lm_server.engines.hf_batching import (
+    SeededSampler,
+    _chunks,
+    _greedy_kwargs,
+    _groups,
+    _Pending,
+    _sampling_kwargs,
+    _stop_ids,
+    generate_with_shared_prompts,
+    peft_adapter_name,
+    sequence_seeds,
+)
 
-_Pending = tuple[ChatRequest, asyncio.Future]
 log = logging.getLogger(__name__)
 
 
@@ -272,9 +278,16 @@ class TransformersEngine:
             list(distinct), return_tensors="pt", padding=True, add_special_tokens=False
         ).to(self.device)
         kwargs = _sampling_kwargs(first, greedy, 1, self.default_max_tokens)
-        seeds = [r.seed for r in requests if r.seed is not None]
-        if seeds:
-            torch.manual_seed(stable_int("batch", *seeds) if len(seeds) > 1 else seeds[0])
+        if not greedy:  # each sequence samples from its own seeded stream (see SeededSampler)
+            kwargs = _greedy_kwargs(kwargs) | {
+                "logits_processor": [
+                    SeededSampler(
+                        sequence_seeds(requests, samples),
+                        temperature=first.temperature or 1.0,
+                        top_p=first.top_p or 1.0,
+                    )
+                ]
+            }
         with torch.inference_mode(), self._adapter_scope(model, first.model):
             output = generate_with_shared_prompts(
                 model,
@@ -313,132 +326,6 @@ class TransformersEngine:
         if end is None:
             return ChatChoice(self.tokenizer.decode(ids, skip_special_tokens=True), "length")
         return ChatChoice(self.tokenizer.decode(ids[:end], skip_special_tokens=True), "stop")
-
-
-def generate_with_shared_prompts(model, input_ids, attention_mask, rows, **kwargs):
-    """`generate` for sequences `rows` (indices into the distinct prompts), prefilling each
-    distinct prompt once.
-
-    On a CPU the prompt (a problem and its solution, hundreds of tokens) costs far more than the
-    few dozen tokens answered, and `num_return_sequences` would prefill it once per sample. Here
-    every distinct prompt but its last token goes through the model once, its KV cache is
-    copied to the rows that use it, and `generate` continues from there (it feeds only the
-    uncached last token). Positions follow `generate`'s own rule for left padding.
-    """
-    import torch
-    from transformers import DynamicCache
-
-    if input_ids.shape[1] < 2 or len(rows) == input_ids.shape[0] == len(torch.unique(rows)):
-        return model.generate(
-            input_ids=input_ids[rows], attention_mask=attention_mask[rows], **kwargs
-        )
-    prefix_mask = attention_mask[:, :-1]
-    positions = prefix_mask.long().cumsum(-1) - 1
-    positions.masked_fill_(prefix_mask == 0, 1)
-    cache = DynamicCache()
-    model(
-        input_ids=input_ids[:, :-1],
-        attention_mask=prefix_mask,
-        position_ids=positions,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    cache.batch_select_indices(rows)
-    return model.generate(
-        input_ids=input_ids[rows],
-        attention_mask=attention_mask[rows],
-        past_key_values=cache,
-        **kwargs,
-    )
-
-
-def _stop_ids(tokenizer) -> set[int]:
-    ids = {tokenizer.eos_token_id}
-    return {i for i in ids if i is not None}
-
-
-def _sampling_kwargs(request: ChatRequest, greedy: bool, samples: int, default_max: int) -> dict:
-    """`generate` arguments; OpenAI semantics: temperature None means 1, 0 means greedy."""
-    kwargs: dict[str, Any] = {
-        "max_new_tokens": request.max_tokens or default_max,
-        "num_return_sequences": samples,
-        "do_sample": not greedy,
-    }
-    if greedy:
-        kwargs.update(temperature=None, top_p=None, top_k=None)
-    else:
-        kwargs.update(temperature=request.temperature or 1.0, top_p=request.top_p or 1.0, top_k=0)
-    if request.repetition_penalty is not None:
-        kwargs["repetition_penalty"] = request.repetition_penalty
-    return kwargs
-
-
-def _groups(batch: list[_Pending]) -> list[list[_Pending]]:
-    """Split a batch into groups that can share one `generate` call.
-
-    Requests with different seeds still share a call: on CPU, batching a whole tree level is
-    what makes self-hosted rollouts affordable, and the pipeline's call journal (not the
-    server's sampling) is what makes reruns reproducible. The group is seeded from all its
-    requests' seeds.
-    """
-    groups: dict[tuple, list[_Pending]] = defaultdict(list)
-    for request, future in batch:
-        key = (
-            request.model,
-            request.n,
-            request.temperature,
-            request.top_p,
-            request.max_tokens,
-            request.repetition_penalty,
-        )
-        groups[key].append((request, future))
-    return list(groups.values())
-
-
-def _chunks(
-    groups: list[list[_Pending]],
-    max_sequences: int,
-    max_tokens: int,
-    prompt_length: Callable[[ChatRequest], int],
-    default_new_tokens: int = 512,
-) -> list[list[_Pending]]:
-    """Pack each group, shortest prompt first, into calls within both limits.
-
-    A call's cost is sequences x (longest prompt + new tokens) since prompts are padded to the
-    longest: sorting by length keeps similar lengths together (little padding), and a request
-    that alone exceeds the token budget still gets a call of its own.
-    """
-    chunks: list[list[_Pending]] = []
-    for group in groups:
-        lengths = {id(item): prompt_length(item[0]) for item in group}
-        new_tokens = group[0][0].max_tokens or default_new_tokens
-        current: list[_Pending] = []
-        longest = 0
-        for item in sorted(group, key=lambda item: lengths[id(item)]):
-            request = item[0]
-            sequences = sum(r.n for r, _ in current) + request.n
-            width = max(longest, lengths[id(item)]) + new_tokens
-            if current and (sequences > max_sequences or sequences * width > max_tokens):
-                chunks.append(current)
-                current, longest = [], 0
-            current.append(item)
-            longest = max(longest, lengths[id(item)])
-        if current:
-            chunks.append(current)
-    return chunks
-
-
-def peft_adapter_name(name: str) -> str:
-    """A PEFT-safe adapter name for a served model name (PEFT rejects dots in module names).
-
-    Served names come from run names and job suffixes, which may hold dots (`sweep-lr0.5`); the
-    short hash keeps two names that differ only in replaced characters apart.
-    """
-    safe = re.sub(r"[^A-Za-z0-9_-]", "_", name)
-    if safe == name:
-        return name
-    return f"{safe}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 def _return_free_memory() -> None:
