@@ -221,10 +221,26 @@ class TransformersEngine:
         await self._queue.put((request, future))
         return await future
 
+    async def _settle(self, step: float = 0.01, limit: float = 0.1) -> None:
+        """Wait while requests keep arriving (at most `limit` seconds).
+
+        A client sends a tree level's requests together, but the HTTP server parses them over
+        some milliseconds; without this pause the first `generate` call would take only the
+        first few and the rest would wait for it to finish.
+        """
+        waited, size = 0.0, self._queue.qsize()
+        while waited < limit:
+            await asyncio.sleep(step)
+            waited += step
+            if self._queue.qsize() == size:
+                return
+            size = self._queue.qsize()
+
     async def _serve(self) -> None:
         """Take everything pending, run it in compatible groups, answer each caller."""
         while True:
             batch = [await self._queue.get()]
+            await self._settle()
             while not self._queue.empty() and len(batch) < self.max_batch:
                 batch.append(self._queue.get_nowait())
             for group in _chunks(
