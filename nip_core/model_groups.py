@@ -12,7 +12,9 @@ import asyncio
 import io
 import logging
 import random
+import re
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -140,6 +142,18 @@ class SharedModelGroup:
     def set_state(self, state: GroupState | Mapping[str, Any]) -> None:
         data = asdict(state) if isinstance(state, GroupState) else dict(state)
         self.state = GroupState(**{k: data.get(k) for k in asdict(GroupState())})
+
+    def get_state_dict(self) -> dict:
+        """nip's name for `get_state`: the group's state as a plain dict.
+
+        nip's `get_state` returns a state dataclass and `get_state_dict` a dict; ours both return
+        the dict `{fine_tune_job_id, fine_tuned_model_name, skip_reason}`.
+        """
+        return self.get_state()
+
+    def set_state_dict(self, state: GroupState | Mapping[str, Any]) -> None:
+        """The counterpart of `get_state_dict`: the same as `set_state` (missing keys -> None)."""
+        self.set_state(state)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -288,6 +302,66 @@ class SharedModelGroup:
         self.state.fine_tune_job_id = job.id
         return job.id
 
+    def _named_job_key_and_suffix(self, job_name: str | None, key: str | None) -> tuple[str, str]:
+        """The idempotency key and job suffix for the nip-named job methods."""
+        if key is None:
+            # same name, same group -> same job; no name -> a key no earlier job can have
+            key = f"{job_name}/{self.name}" if job_name else f"{self.name}/{uuid.uuid4().hex}"
+        suffix = (job_name or self.name)[-64:].lstrip("-") or self.name[-64:]
+        return key, suffix
+
+    async def create_dpo_fine_tune_job(
+        self,
+        jsonl: bytes,
+        rows: int,
+        job_name: str | None = None,
+        *,
+        key: str | None = None,
+        from_base_model: bool = False,
+    ) -> str:
+        """nip's name for a DPO job: `create_fine_tune_job("dpo", ...)`; returns the job id.
+
+        nip passes `positive_examples_per_agent` and `negative_examples_per_agent`
+        (NestedArrayDicts of sampled timesteps) and builds the dataset itself. Here the caller
+        passes the finished dataset instead: `jsonl`, OpenAI's preference-tuning JSONL (one
+        `{"input", "preferred_output", "non_preferred_output"}` object per line, as
+        `nip_core.dataset_export.dpo_openai_jsonl` builds it for all the group's agents), and
+        `rows`, its number of lines (checked against the provider's minimum, as in nip).
+
+        `job_name` becomes the job's suffix (cut to OpenAI's 64 characters; the group name when
+        None). `key` is the idempotency key (see `create_fine_tune_job`); when None it is
+        `"<job_name>/<group>"`, so resubmitting the same name re-attaches to that job, or, with
+        no `job_name`, a fresh random key (never re-attaches).
+        """
+        key, suffix = self._named_job_key_and_suffix(job_name, key)
+        return await self.create_fine_tune_job(
+            "dpo", jsonl, rows, key=key, suffix=suffix, from_base_model=from_base_model
+        )
+
+    async def create_supervised_fine_tune_job(
+        self,
+        jsonl: bytes,
+        rows: int,
+        job_name: str | None = None,
+        *,
+        key: str | None = None,
+        from_base_model: bool = False,
+    ) -> str:
+        """nip's name for a supervised job: `create_fine_tune_job("supervised", ...)`.
+
+        nip passes `rollouts_per_agent` and `guess_replaced_rollouts` (NestedArrayDicts of
+        sampled rollouts, the latter with the verifier's guess replaced by the true label) and
+        builds the chat examples itself. Here `jsonl` is the finished OpenAI chat-format JSONL
+        (one `{"messages": [...]}` object per line, as `nip_core.dataset_export.sft_openai_jsonl`
+        builds it, guess-replaced rollouts already included)
+        and `rows` its number of lines. `job_name`, `key` and `from_base_model` are as in
+        `create_dpo_fine_tune_job`. Returns the job id.
+        """
+        key, suffix = self._named_job_key_and_suffix(job_name, key)
+        return await self.create_fine_tune_job(
+            "supervised", jsonl, rows, key=key, suffix=suffix, from_base_model=from_base_model
+        )
+
     async def _job(self):
         client = self._api()
         return await with_backoff(
@@ -323,8 +397,25 @@ class SharedModelGroup:
         text = f"Code: {error.code}. Message: {error.message}."
         return text + (f" Parameter: {error.param}." if error.param else "")
 
-    async def switch_to_next_model(self, iteration: int) -> str:
-        """Adopt the fine-tuned model (or keep the current one when nothing was trained)."""
+    def _next_dummy_iteration(self) -> int:
+        """One past the iteration in the current dummy model's name (0 if there is none)."""
+        current = self.state.fine_tuned_model_name or ""
+        match = re.fullmatch(rf"dummy-ft:{re.escape(self.name)}:it(\d+)", current)
+        return int(match.group(1)) + 1 if match else 0
+
+    async def switch_to_next_model(self, iteration: int | None = None) -> str:
+        """Adopt the fine-tuned model (or keep the current one when nothing was trained).
+
+        Returns the group's model name after the switch. `iteration` only names the model a
+        dummy-API job "produces", `dummy-ft:<group>:it<iteration>`. Called without it, as in
+        nip, that suffix counts on from the current model: one past the iteration in the current
+        dummy model's name, or 0 when the group still uses its base model (or a real one). So
+        a group switched once per iteration from iteration 0 gets the same names either way,
+        also after `set_state`. Real jobs name their model themselves; frozen and
+        insufficient-data jobs ignore it.
+        """
+        if iteration is None:
+            iteration = self._next_dummy_iteration()
         job_id = self.state.fine_tune_job_id
         if job_id is None:
             raise FineTuneJobError(f"group {self.name}: no fine-tune job to switch from")

@@ -41,7 +41,7 @@ def test_exported_dpo_parquet_trains_one_trl_step(prefect_harness, tmp_path):
         use_cpu=True,
         logging_steps=1,
         save_strategy="no",
-        max_length=512,
+        max_length=2048,
     )
     trainer = DPOTrainer(
         model=model, args=config, train_dataset=dataset, processing_class=tokenizer

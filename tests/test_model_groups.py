@@ -357,3 +357,82 @@ def test_a_real_provider_without_a_client_is_a_clear_error():
     g.set_state({"fine_tune_job_id": "ftjob-1"})
     with pytest.raises(FineTuneJobError, match="no fine-tuning client"):
         status(g)
+
+
+# ---------------------------------------------------------------- nip's method names
+
+
+def test_create_dpo_fine_tune_job_is_a_named_dpo_job():
+    client = FakeClient()
+    g = group(client, dpo_beta=0.1)
+    job_id = asyncio.run(g.create_dpo_fine_tune_job(b'{"a": 1}\n', 12, job_name="run-it3-grp"))
+    assert job_id == "ftjob-1" and g.state.fine_tune_job_id == job_id
+    assert client.files.uploads == [("run-it3-grp.jsonl", b'{"a": 1}\n', "fine-tune")]
+    (request,) = client.jobs.created
+    assert request["method"]["type"] == "dpo" and request["suffix"] == "run-it3-grp"
+    assert request["method"]["dpo"]["hyperparameters"] == {"n_epochs": 2, "beta": 0.1}
+    assert request["metadata"]["nip_job_key"] == "run-it3-grp/grp"
+    # the same name re-attaches (idempotent); a long name is cut to OpenAI's 64 characters
+    again = group(client)
+    assert asyncio.run(again.create_dpo_fine_tune_job(b"x\n", 12, "run-it3-grp")) == job_id
+    long = asyncio.run(group(client).create_dpo_fine_tune_job(b"x\n", 12, "-" + "n" * 70))
+    assert long == "ftjob-2" and client.jobs.created[-1]["suffix"] == "n" * 64
+    # an explicit key wins; the local job ids still apply
+    asyncio.run(group(client).create_dpo_fine_tune_job(b"x\n", 12, key="run/0003/grp"))
+    assert client.jobs.created[-1]["metadata"]["nip_job_key"] == "run/0003/grp"
+    assert client.jobs.created[-1]["suffix"] == "grp"  # no name: the group name
+    assert asyncio.run(group(client).create_dpo_fine_tune_job(b"", 0)) == INSUFFICIENT_DATA_JOB_ID
+
+
+def test_create_supervised_fine_tune_job_is_a_named_supervised_job():
+    client = FakeClient()
+    g = group(client, fine_tune_from_scratch=False)
+    g.set_state({"fine_tuned_model_name": "ft:previous"})
+    job_id = asyncio.run(g.create_supervised_fine_tune_job(b'{"messages": []}\n', 10))
+    (request,) = client.jobs.created
+    assert job_id == "ftjob-1" and request["method"]["type"] == "supervised"
+    assert request["model"] == "ft:previous" and request["suffix"] == "grp"
+    # without a name or key every call is a new job (a random key never re-attaches)
+    first_key = request["metadata"]["nip_job_key"]
+    asyncio.run(group(client).create_supervised_fine_tune_job(b"x\n", 10, from_base_model=True))
+    assert client.jobs.created[1]["metadata"]["nip_job_key"] != first_key
+    assert client.jobs.created[1]["model"] == BASE
+    frozen = group(client, freeze_agent=True)
+    assert asyncio.run(frozen.create_supervised_fine_tune_job(b"", 0, "n")) == FROZEN_JOB_ID
+    dummy = group(None, use_dummy_api=True)
+    assert asyncio.run(dummy.create_supervised_fine_tune_job(b"x\n", 10, "n")) == DUMMY_JOB_ID
+
+
+def test_state_dict_aliases():
+    g = group()
+    assert g.get_state_dict() == g.get_state()
+    g.set_state_dict({"fine_tune_job_id": "ftjob-3", "fine_tuned_model_name": "ft:m"})
+    assert g.get_state() == {
+        "fine_tune_job_id": "ftjob-3",
+        "fine_tuned_model_name": "ft:m",
+        "skip_reason": None,
+    }
+    assert g.model_name == "ft:m"
+    other = group()
+    other.set_state_dict(GroupState("ftjob-4", None, "why"))
+    assert other.get_state_dict()["skip_reason"] == "why"
+
+
+def test_switch_to_next_model_without_an_iteration():
+    g = group(None, use_dummy_api=True)
+    names = []
+    for _ in range(3):
+        asyncio.run(g.create_fine_tune_job("dpo", b"x\n", 10, key="k", suffix="s"))
+        names.append(asyncio.run(g.switch_to_next_model()))
+    assert names == ["dummy-ft:grp:it0", "dummy-ft:grp:it1", "dummy-ft:grp:it2"]
+    restored = group(None, use_dummy_api=True)  # counts on after a restore, too
+    restored.set_state_dict({**g.get_state_dict(), "fine_tune_job_id": DUMMY_JOB_ID})
+    assert asyncio.run(restored.switch_to_next_model()) == "dummy-ft:grp:it3"
+    assert asyncio.run(restored.switch_to_next_model(7)) == "dummy-ft:grp:it7"  # given: used
+    # real jobs name their model themselves
+    client = FakeClient()
+    real = group(client)
+    create(real)
+    job = client.jobs.jobs["ftjob-1"]
+    job.status, job.fine_tuned_model = "succeeded", "ft:gpt:grp:1"
+    assert asyncio.run(real.switch_to_next_model()) == "ft:gpt:grp:1"

@@ -131,7 +131,9 @@ def hyper_params(draw) -> HyperParameters:
         test_size=draw(st.floats(0.0, 1.0)),
         agents=AgentsParameters({name: draw(agents()) for name in names}),
         rl=rl,
-        text_rl=draw(simple(TextRlParameters)),
+        text_rl=draw(
+            simple(TextRlParameters, validation_fraction=st.floats(1e-6, 1, exclude_max=True))
+        ),
         pure_text_ei=draw(EI),
         pure_text_malt=draw(MALT),
         code_validation=draw(simple(CodeValidationParameters)),

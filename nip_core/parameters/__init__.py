@@ -42,6 +42,7 @@ from nip_core.parameters.protocols import (
     MnipProtocolParameters,
     NipProtocolParameters,
 )
+from nip_core.parameters.reference import REFERENCE_CLASSES, UNSUPPORTED_REFERENCE_CLASSES
 from nip_core.parameters.scenario import CodeValidationParameters, DatasetParameters
 from nip_core.parameters.trainers import (
     PureTextEiParameters,
@@ -73,11 +74,13 @@ __all__ = [
     "PureTextAgentParameters",
     "PureTextEiParameters",
     "PureTextMaltParameters",
+    "REFERENCE_CLASSES",
     "RlTrainerParameters",
     "ScenarioType",
     "SubParameters",
     "TextRlParameters",
     "TrainerType",
+    "UNSUPPORTED_REFERENCE_CLASSES",
     "apply_overrides",
     "convert_hyper_param_dict",
     "load_hyper_params",

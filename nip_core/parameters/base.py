@@ -3,7 +3,8 @@
 Every parameter class is a frozen dataclass deriving from `BaseParameters`. Its dict form
 carries `"_type": <class name>` so that `from_dict` can rebuild the exact class, including
 values that are not plain JSON (the agent update schedule), which nip failed to rebuild.
-New classes join the registry with `@register_parameter_class`.
+New classes join the registry with `@register_parameter_class`; the class names nip writes for
+the same values join it as aliases (`register_parameter_alias`, see `reference.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from nip_core.parameters.validation import validate
 TYPE_KEY = "_type"
 _T = TypeVar("_T", bound=type)
 _REGISTRY: dict[str, type[ParameterValue]] = {}
+# names another library (nip) writes in `_type` -> the registered class that stands for them
+_ALIASES: dict[str, type[ParameterValue]] = {}
+# names another library writes for values we do not implement -> why they cannot be loaded
+_UNSUPPORTED: dict[str, str] = {}
 
 
 class ParameterValue:
@@ -47,12 +52,45 @@ def register_parameter_class(cls: _T) -> _T:
     return cls
 
 
+def register_parameter_alias(name: str, cls: type[ParameterValue]) -> None:
+    """Make `_type: name` (a class name written by nip) resolve to the registered `cls`.
+
+    Registered names take precedence, so an alias equal to a registered name is a no-op when it
+    names that same class and an error otherwise.
+    """
+    if _REGISTRY.get(cls.__name__) is not cls:
+        raise ValueError(f"{cls!r} is not a registered parameter class")
+    if name in _REGISTRY:
+        if _REGISTRY[name] is not cls:
+            raise ValueError(f"{name!r} is already a registered parameter class")
+        return
+    known = _ALIASES.get(name)
+    if known is not None and known is not cls:
+        raise ValueError(f"{name!r} is already an alias of {known.__name__}")
+    _ALIASES[name] = cls
+
+
+def register_unsupported_parameter_class(name: str, reason: str) -> None:
+    """Record a class name nip writes that we cannot load, with the reason for the error."""
+    if name in _REGISTRY or name in _ALIASES:
+        raise ValueError(f"{name!r} is a loadable parameter class name")
+    _UNSUPPORTED[name] = reason
+
+
 def parameter_class(name: str) -> type[ParameterValue]:
-    """The registered class called `name` (ValueError if there is none)."""
-    try:
+    """The registered class called `name`, or the one its nip alias stands for.
+
+    ValueError if there is none, saying why for nip classes this package does not implement.
+    """
+    if name in _REGISTRY:
         return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown parameter class {name!r} in '{TYPE_KEY}'") from None
+    if name in _ALIASES:
+        return _ALIASES[name]
+    if name in _UNSUPPORTED:
+        raise ValueError(
+            f"parameter class {name!r} in '{TYPE_KEY}' is not supported: {_UNSUPPORTED[name]}"
+        )
+    raise ValueError(f"unknown parameter class {name!r} in '{TYPE_KEY}'")
 
 
 def resolve_class(params_dict: dict, expected: _T) -> _T:

@@ -128,6 +128,13 @@ _NIP_ONLY_SECTION_KEYS = {
     "text_rl": ("save_transcripts", "transcript_format"),
     "code_validation": ("system_prompt_version",),
     "protocol_common": ("zero_knowledge",),
+    # nip's image-classification dataset options (class selection and balancing)
+    "dataset_options": (
+        "binarification_method",
+        "selected_classes",
+        "binarification_seed",
+        "make_balanced",
+    ),
 }
 _RL_KEYS = ("num_iterations", "rollouts_per_iteration", "num_test_iterations", "num_epochs")
 
