@@ -50,6 +50,14 @@ def score_models(
     return {a: m["mean_episode_reward"] for a, m in metrics["agents"].items()}
 
 
+def validation_available(context: IterationContext) -> bool:
+    """Whether the carved validation split has any datapoint (tiny train sets may have none)."""
+    try:
+        return len(load_split(context.hyper_params, "validation")) > 0
+    except ValueError:
+        return False
+
+
 def guard_switch(
     paths: RunPaths, context: IterationContext, candidates: dict[str, str]
 ) -> dict[str, str]:
@@ -59,6 +67,12 @@ def guard_switch(
     if not changed:
         return dict(candidates)
     margin = context.hyper_params.text_rl.switch_guard_margin
+    if not validation_available(context):
+        log.warning(
+            "switch guard: the validation split is empty (raise text_rl.validation_fraction or "
+            "the train size); switching without a check"
+        )
+        return dict(candidates)
 
     def compute():
         previous = score_models(paths, context, current, "previous")

@@ -257,7 +257,8 @@ def test_standalone_evaluation_of_an_iteration_not_reached_is_refused(
     with pytest.raises(SystemExit):
         evaluate_main([*args, "--split", "dev"])
     assert "invalid choice: 'dev'" in capsys.readouterr().err
-    assert evaluate_main([*args, "--split", "validation", "--no-wandb"]) == 2
+    no_validation = ["--set=text_rl.validation_fraction=0", "--set=text_rl.switch_guard=false"]
+    assert evaluate_main([*args, *no_validation, "--split", "validation", "--no-wandb"]) == 2
     assert "text_rl.validation_fraction" in capsys.readouterr().err
 
 
