@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from nip_core.dpo_losses import LOSS_TYPES
+
 _DEFAULT_LR = {"dpo": 1e-5, "supervised": 2e-5}
 _NIP_FIELDS = (
     "use_lora",
@@ -24,24 +26,9 @@ _NIP_FIELDS = (
     "loss_type",
     "rpo_alpha",
 )
+
+
 QUANTIZATIONS = ("none", "bitsandbytes")
-# TRL's pairwise DPO losses (an "sft" term is added through rpo_alpha instead).
-LOSS_TYPES = (
-    "sigmoid",
-    "hinge",
-    "ipo",
-    "exo_pair",
-    "nca_pair",
-    "robust",
-    "bco_pair",
-    "sppo_hard",
-    "aot",
-    "aot_unpaired",
-    "apo_zero",
-    "apo_down",
-    "discopop",
-    "sigmoid_norm",
-)
 
 
 class OptionsError(ValueError):

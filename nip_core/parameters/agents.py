@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Self
 
+from nip_core.dpo_losses import DpoLossType
 from nip_core.parameters.base import (
     TYPE_KEY,
     BaseParameters,
@@ -119,25 +120,7 @@ class PureTextAgentParameters(AgentParameters):
     None keeps the defaults: 900 s for `model_provider="SelfHosted"` (a CPU server answers a
     whole batched tree level in one go) and 120 s for OpenAI/OpenRouter (not the SDK's 600 s,
     so a stuck connection is retried soon). Not a nip field; must be > 0 when set."""
-    dpo_loss_type: (
-        Literal[
-            "sigmoid",
-            "hinge",
-            "ipo",
-            "exo_pair",
-            "nca_pair",
-            "robust",
-            "bco_pair",
-            "sppo_hard",
-            "aot",
-            "aot_unpaired",
-            "apo_zero",
-            "apo_down",
-            "discopop",
-            "sigmoid_norm",
-        ]
-        | None
-    ) = None
+    dpo_loss_type: DpoLossType | None = None
     """TRL's pairwise DPO loss for self-hosted training (None: "sigmoid", the DPO paper's).
     Not a nip field; sent in our server's training extension only."""
     dpo_rpo_alpha: float | None = None
