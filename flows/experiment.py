@@ -28,7 +28,12 @@ import pandas as pd
 import yaml
 from prefect import flow
 
-from flows.malt_iteration import ConfigError, prepare_run, run_iteration_stages
+from flows.malt_iteration import (
+    ConfigError,
+    prepare_run,
+    run_folder_arguments,
+    run_iteration_stages,
+)
 from nip_core.artifacts import ArtifactError, RunPaths, default_root
 from nip_core.experiment.config import (
     BASE_RUN,
@@ -151,29 +156,15 @@ def experiment_flow(
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m flows.experiment",
-        description="Run (or resume) a learning experiment: base model vs MALT vs expert "
+    parser = run_folder_arguments(
+        "python -m flows.experiment",
+        "Run (or resume) a learning experiment: base model vs MALT vs expert "
         "iteration (and any arms the config names), evaluated on the held-out split after "
         "every iteration, with bootstrap confidence intervals.",
-    )
-    parser.add_argument("--config", help=f"experiment config (default: {DEFAULT_CONFIG})")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="dotted override for every arm (or experiment.<field>=...), repeatable",
-    )
-    parser.add_argument("--run-name", default="experiment", help="the experiment's folder name")
-    parser.add_argument(
-        "--artifacts-root",
-        default=None,
-        help="root folder or fsspec URL (default: $NIP_ARTIFACTS_ROOT or ./artifacts)",
-    )
-    parser.add_argument(
-        "--no-wandb", dest="use_wandb", action="store_false", help="do not track with wandb"
+        config_help=f"experiment config (default: {DEFAULT_CONFIG})",
+        set_help="dotted override for every arm (or experiment.<field>=...), repeatable",
+        run_name="experiment",
+        run_name_help="the experiment's folder name",
     )
     return parser.parse_args(argv)
 

@@ -147,33 +147,41 @@ def format_summary(paths: RunPaths, context: IterationContext, stats: dict) -> s
     return "\n".join(lines)
 
 
-def run_arguments(prog: str, description: str, iteration_help: str) -> argparse.ArgumentParser:
-    """The options every run command shares (iteration, run folder, configuration, wandb)."""
+def run_folder_arguments(
+    prog: str,
+    description: str,
+    *,
+    config_help: str = f"YAML or JSON hyper-parameters (default: {DEFAULT_CONFIG})",
+    set_help: str = "dotted override, repeatable, e.g. --set agents.verifier.temperature=0.7",
+    run_name: str = "default",
+    run_name_help: str = "folder under the artifacts root",
+) -> argparse.ArgumentParser:
+    """The options of every command that writes a run folder: configuration, overrides, run
+    name, artifacts root and wandb."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--config", help=config_help)
     parser.add_argument(
-        "--config", help=f"YAML or JSON hyper-parameters (default: {DEFAULT_CONFIG})"
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=set_help
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="dotted override, repeatable, e.g. --set agents.verifier.temperature=0.7",
-    )
-    parser.add_argument("--run-name", default="default", help="folder under the artifacts root")
+    parser.add_argument("--run-name", default=run_name, help=run_name_help)
     parser.add_argument(
         "--artifacts-root",
         default=None,
         help="root folder or fsspec URL (default: $NIP_ARTIFACTS_ROOT or ./artifacts)",
     )
-    parser.add_argument("--iteration", type=int, default=0, help=iteration_help)
     parser.add_argument(
         "--no-wandb",
         dest="use_wandb",
         action="store_false",
         help="do not track with wandb (default: offline wandb run under <run folder>/wandb)",
     )
+    return parser
+
+
+def run_arguments(prog: str, description: str, iteration_help: str) -> argparse.ArgumentParser:
+    """The options every run command shares: `run_folder_arguments` plus the iteration."""
+    parser = run_folder_arguments(prog, description)
+    parser.add_argument("--iteration", type=int, default=0, help=iteration_help)
     return parser
 
 
