@@ -33,7 +33,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from nip_core.embedded_model import EMBEDDED_MODEL_NAME, embedded_model_path  # noqa: E402
+from nip_core.lm_server.embedded_model import EMBEDDED_MODEL_NAME, embedded_model_path  # noqa: E402
 
 
 def prompts(count: int) -> list[list[dict]]:

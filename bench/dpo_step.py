@@ -21,8 +21,8 @@ import time
 import torch
 from transformers import TrainerCallback
 
-from nip_core.embedded_model import embedded_model_path
 from nip_core.lm_server import training
+from nip_core.lm_server.embedded_model import embedded_model_path
 from nip_core.lm_server.options import TrainingOptions
 
 

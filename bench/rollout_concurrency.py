@@ -15,9 +15,9 @@ import time
 
 from nip_core.agents import DummyChatClient
 from nip_core.episode import Datapoint
-from nip_core.iteration_context import build_context
+from nip_core.malt.rollout_tree import BatchItem, RolloutSettings, grow_trees
 from nip_core.parameters import HyperParameters, apply_overrides
-from nip_core.rollout_tree import BatchItem, RolloutSettings, grow_trees
+from nip_core.run.iteration_context import build_context
 from nip_core.seeding import episode_seed
 
 LATENCY = 0.2

@@ -22,8 +22,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nip_core.expected_reward import expected_rewards  # noqa: E402
-from nip_core.preference_pairs import select_pairs  # noqa: E402
+from nip_core.malt.expected_reward import expected_rewards  # noqa: E402
+from nip_core.malt.preference_pairs import select_pairs  # noqa: E402
 from tests import tree_reference as ref  # noqa: E402
 
 METHODS = ("positive_negative", "interval")

@@ -15,7 +15,7 @@ import sys
 
 import pandas as pd
 
-from nip_core.artifacts import open_run
+from nip_core.report import open_run
 
 pd.set_option("display.width", 160)
 pd.set_option("display.max_columns", 20)

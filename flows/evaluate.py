@@ -26,14 +26,14 @@ from flows.malt_iteration import (
     resolve_hyper_params,
     run_arguments,
 )
-from nip_core.artifacts import ArtifactError, RunPaths, default_root, read_json
-from nip_core.evaluation import SPLITS, format_metrics
-from nip_core.iteration_context import build_context
+from nip_core.lm_server.launch import ensure_lm_server
+from nip_core.malt.evaluation import SPLITS, format_metrics
 from nip_core.parameters import HyperParameters
-from nip_core.run_lock import RunLockedError, lock_run_folder
+from nip_core.run.artifacts import ArtifactError, RunPaths, default_root, read_json
+from nip_core.run.iteration_context import build_context
+from nip_core.run.lock import RunLockedError, lock_run_folder
+from nip_core.run.tracking import log_evaluation, open_tracker
 from tasks.evaluate import evaluate_task
-from tasks.lm_server import ensure_lm_server
-from tasks.tracking import log_evaluation, open_tracker
 
 
 @flow(name="evaluate", log_prints=True)

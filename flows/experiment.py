@@ -34,7 +34,6 @@ from flows.malt_iteration import (
     run_folder_arguments,
     run_iteration_stages,
 )
-from nip_core.artifacts import ArtifactError, RunPaths, default_root
 from nip_core.experiment.config import (
     BASE_RUN,
     ExperimentSettings,
@@ -45,10 +44,13 @@ from nip_core.experiment.config import (
     split_config,
 )
 from nip_core.experiment.report import summary_text
-from nip_core.iteration_context import build_context
+from nip_core.lm_server.launch import ensure_lm_server
 from nip_core.parameters import HyperParameters
 from nip_core.parameters.loading import apply_overrides, read_params_file
-from nip_core.run_lock import RunLockedError, lock_run_folder
+from nip_core.run.artifacts import ArtifactError, RunPaths, default_root
+from nip_core.run.iteration_context import build_context
+from nip_core.run.lock import RunLockedError, lock_run_folder
+from nip_core.run.tracking import open_tracker
 from tasks.experiment import (
     evaluate_iteration,
     evaluation_rows,
@@ -57,8 +59,6 @@ from tasks.experiment import (
     timings_table,
 )
 from tasks.experiment import write_outputs as write_outputs_task
-from tasks.lm_server import ensure_lm_server
-from tasks.tracking import open_tracker
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "experiment-cpu.yaml"
 

@@ -19,22 +19,23 @@ from pathlib import Path
 
 from prefect import flow
 
-from nip_core.artifacts import ArtifactError, RunPaths, default_root, read_json, write_json
-from nip_core.evaluation import format_metrics, should_evaluate
-from nip_core.iteration_context import IterationContext, build_context
+from nip_core.lm_server.launch import ensure_lm_server
+from nip_core.malt.evaluation import format_metrics, should_evaluate
 from nip_core.parameters import HyperParameters, load_hyper_params
-from nip_core.run_lock import RunLockedError, lock_run_folder
+from nip_core.run.artifacts import ArtifactError, RunPaths, default_root, read_json, write_json
+from nip_core.run.iteration_context import IterationContext, build_context
+from nip_core.run.lock import RunLockedError, lock_run_folder
+from nip_core.run.tracking import Tracker, log_iteration, open_tracker
 from tasks.batch import select_batch_task
 from tasks.evaluate import evaluate_task
 from tasks.export import export_datasets_task
 from tasks.fine_tune import fine_tune_task, switch_model_task
-from tasks.lm_server import ensure_lm_server
 from tasks.pairs import select_pairs_task
-from tasks.prefect_artifacts import publish_iteration_artifacts
+from tasks.prefect_artifacts import publish_summary_task
 from tasks.rewards import estimate_rewards_task
 from tasks.rollouts import generate_rollouts_task
 from tasks.summary import summarise_iteration_task
-from tasks.tracking import Tracker, log_iteration, open_tracker
+from tasks.switch_guard import switch_guard_task
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 
@@ -116,8 +117,9 @@ def run_iteration_stages(
         if tracker is not None:
             log_iteration(tracker, stats, context.iteration)
         fine_tune_task(paths, context)
-        stats["models_after"] = switch_model_task(paths, context)
-        publish_iteration_artifacts(paths, context, stats)
+        candidates = switch_model_task(paths, context)
+        stats["models_after"] = switch_guard_task(paths, context, candidates)
+        publish_summary_task(paths, context, stats)
         return stats
     finally:
         if server is not None:

@@ -23,12 +23,12 @@ from flows.malt_iteration import (
     resolve_hyper_params,
     run_iteration_stages,
 )
-from nip_core.artifacts import ArtifactError, RunPaths, default_root
-from nip_core.iteration_context import build_context
+from nip_core.lm_server.launch import ensure_lm_server
 from nip_core.parameters import HyperParameters
-from nip_core.run_lock import RunLockedError, lock_run_folder
-from tasks.lm_server import ensure_lm_server
-from tasks.tracking import open_tracker
+from nip_core.run.artifacts import ArtifactError, RunPaths, default_root
+from nip_core.run.iteration_context import build_context
+from nip_core.run.lock import RunLockedError, lock_run_folder
+from nip_core.run.tracking import open_tracker
 
 
 @flow(name="malt-run", log_prints=True)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nip_core.artifacts import ArtifactError, write_bytes
-from nip_core.report import build_report
-from nip_core.run_reader import open_run
+from nip_core.report.html import build_report
+from nip_core.report.run_reader import open_run
+from nip_core.run.artifacts import ArtifactError, write_bytes
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from prefect import task
 
-from nip_core.artifacts import RunPaths, write_parquet
-from nip_core.batching import iteration_positions
 from nip_core.data import datapoints
-from nip_core.iteration_context import IterationContext
-from nip_core.rollout_tree import BatchItem, batch_table
+from nip_core.data.splits import load_split
+from nip_core.malt.batching import iteration_positions
+from nip_core.malt.rollout_tree import BatchItem, batch_table
+from nip_core.run.artifacts import RunPaths, write_parquet
+from nip_core.run.iteration_context import IterationContext
+from nip_core.run.stages import run_stage
 from nip_core.seeding import episode_seed
-from nip_core.splits import load_split
-from tasks.common import run_stage
 
 
 def select_batch(context: IterationContext) -> list[BatchItem]:

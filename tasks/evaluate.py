@@ -14,11 +14,11 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
+from nip_core.agents.call_journal import JournaledClient
 from nip_core.agents.clients import close_clients
-from nip_core.artifacts import RunPaths, write_parquet
-from nip_core.call_journal import JournaledClient
 from nip_core.data import datapoints
-from nip_core.evaluation import (
+from nip_core.data.splits import load_split
+from nip_core.malt.evaluation import (
     evaluation_items,
     evaluation_metrics,
     evaluation_seed,
@@ -28,12 +28,12 @@ from nip_core.evaluation import (
     format_metrics,
     stage_name,
 )
-from nip_core.iteration_context import IterationContext
-from nip_core.rollout_tree import BatchItem, RolloutSettings, grow_trees
-from nip_core.splits import load_split
-from tasks.common import run_stage
-from tasks.progress import rollout_progress
-from tasks.retry import retry_transient_only
+from nip_core.malt.rollout_tree import BatchItem, RolloutSettings, grow_trees
+from nip_core.run.artifacts import RunPaths, write_parquet
+from nip_core.run.iteration_context import IterationContext
+from nip_core.run.stages import run_stage
+from tasks import TRANSIENT_RETRY
+from tasks.prefect_artifacts import rollout_progress
 from tasks.rollouts import chat_clients, rollout_settings
 
 
@@ -127,9 +127,7 @@ def evaluation_progress(context: IterationContext, split: str):
 # replays every call that had finished, so none is paid for twice.
 @task(
     name="evaluate",
-    retries=2,
-    retry_delay_seconds=[10, 60],
-    retry_condition_fn=retry_transient_only,
+    **TRANSIENT_RETRY,
 )
 def evaluate_task(paths: RunPaths, context: IterationContext, split: str = "test") -> dict:
     with evaluation_progress(context, split) as progress:

@@ -11,16 +11,16 @@ import pandas as pd
 import pyarrow as pa
 from prefect import task
 
-from nip_core.artifacts import RunPaths, read_json, read_parquet, write_bytes, write_json
-from nip_core.artifacts import write_parquet as write_arrow
-from nip_core.evaluation import file_stem
 from nip_core.experiment.report import experiment_html, learning_curves_png
 from nip_core.experiment.rows import experiment_rows
 from nip_core.experiment.stats import summary_table
-from nip_core.iteration_context import build_context
+from nip_core.malt.evaluation import file_stem
 from nip_core.parameters import HyperParameters
+from nip_core.run.artifacts import RunPaths, read_json, read_parquet, write_bytes, write_json
+from nip_core.run.artifacts import write_parquet as write_arrow
+from nip_core.run.iteration_context import build_context
+from nip_core.run.tracking import Tracker, log_evaluation
 from tasks.evaluate import evaluate_task
-from tasks.tracking import Tracker, log_evaluation
 
 TIMINGS = "experiment_timings.json"
 

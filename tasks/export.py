@@ -10,11 +10,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from prefect import task
 
-from nip_core import dataset_export as export
-from nip_core.artifacts import RunPaths, jsonl_bytes, read_parquet, write_bytes, write_parquet
-from nip_core.iteration_context import IterationContext
-from nip_core.rollout_tree import batch_items
-from tasks.common import run_stage
+from nip_core.malt import dataset_export as export
+from nip_core.malt.rollout_tree import batch_items
+from nip_core.run.artifacts import RunPaths, jsonl_bytes, read_parquet, write_bytes, write_parquet
+from nip_core.run.iteration_context import IterationContext
+from nip_core.run.stages import run_stage
 
 
 def export_datasets(paths: RunPaths, context: IterationContext) -> dict:

@@ -15,18 +15,18 @@ import logging
 from prefect import task
 
 from nip_core.agents.clients import close_clients
-from nip_core.artifacts import (
+from nip_core.malt.dataset_export import training_datasets
+from nip_core.run.artifacts import (
     RunPaths,
     load_manifest,
     read_bytes,
     read_json,
-    save_manifest,
     sha256_bytes,
     write_json,
 )
-from nip_core.dataset_export import training_datasets
-from nip_core.iteration_context import IterationContext
-from nip_core.model_groups import (
+from nip_core.run.iteration_context import IterationContext
+from nip_core.run.stages import run_stage
+from nip_core.training.model_groups import (
     FineTuneJobError,
     SharedModelGroup,
     build_groups,
@@ -34,9 +34,7 @@ from nip_core.model_groups import (
     job_key,
     job_suffix,
 )
-from tasks.common import run_stage
-from tasks.retry import retry_transient_only
-from tasks.switch_guard import guard_switch
+from tasks import TRANSIENT_RETRY
 
 log = logging.getLogger(__name__)
 POLL_START, POLL_MAX = 1.0, 30.0
@@ -143,7 +141,8 @@ def fine_tune(paths: RunPaths, context: IterationContext) -> dict:
 
 
 def switch_models(paths: RunPaths, context: IterationContext) -> dict[str, str]:
-    """The model name each group uses from the next iteration on (kept in the manifest)."""
+    """The model each group would use from the next iteration on: its fine-tuned model (the
+    switch guard, a stage of its own, may still keep the previous one)."""
     it = context.iteration
 
     def compute():
@@ -160,33 +159,19 @@ def switch_models(paths: RunPaths, context: IterationContext) -> dict[str, str]:
                 await close_clients(groups.values())
 
         asyncio.run(switch())
-        if context.hyper_params.text_rl.switch_guard:
-            models = guard_switch(paths, context, models)
         return {}, {"models_after": models}
 
-    models = run_stage(paths, context, "switch_model", compute)["info"]["models_after"]
-    manifest = load_manifest(paths, it, context.run_name, context.hyper_params.config_hash())
-    if manifest.get("models_after") != models:
-        manifest["models_after"] = models
-        save_manifest(paths, it, manifest)
-    return models
+    return run_stage(paths, context, "switch_model", compute)["info"]["models_after"]
 
 
 @task(
     name="fine-tune",
-    retries=2,
-    retry_delay_seconds=[10, 60],
-    retry_condition_fn=retry_transient_only,
+    **TRANSIENT_RETRY,
 )
 def fine_tune_task(paths: RunPaths, context: IterationContext) -> dict:
     return fine_tune(paths, context)["info"]
 
 
-@task(
-    name="switch-model",
-    retries=2,
-    retry_delay_seconds=[5, 30],
-    retry_condition_fn=retry_transient_only,
-)
+@task(name="switch-model", **{**TRANSIENT_RETRY, "retry_delay_seconds": [5, 30]})
 def switch_model_task(paths: RunPaths, context: IterationContext) -> dict[str, str]:
     return switch_models(paths, context)

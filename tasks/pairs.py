@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from prefect import task
 
-from nip_core.artifacts import RunPaths, read_parquet, write_parquet
-from nip_core.iteration_context import IterationContext
+from nip_core.malt.tree_values import pairs_table
+from nip_core.run.artifacts import RunPaths, read_parquet, write_parquet
+from nip_core.run.iteration_context import IterationContext
+from nip_core.run.stages import run_stage
 from nip_core.seeding import stable_int
-from nip_core.tree_values import pairs_table
-from tasks.common import run_stage
 
 
 def select_pairs(paths: RunPaths, context: IterationContext) -> dict:

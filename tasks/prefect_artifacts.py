@@ -1,23 +1,32 @@
-"""Prefect artifacts of an iteration: a stats table, a markdown summary and a run-folder link.
+"""Everything an iteration shows in the Prefect UI: a stats table, a markdown summary, a link to
+the run folder, and the progress of tree generation.
 
-    publish_iteration_artifacts(paths, context, stats)   # from the flow, after the last stage
+    publish_summary_task(paths, context, stats)   # from the flow, after the last stage
 
 Keys are stable per run (`<run>-iteration-table`, `<run>-iteration-summary`, `<run>-run-folder`),
-so each iteration adds a version and the Artifacts page shows the history of a run. Building
-the table and markdown is pure (tested without Prefect); publishing is a no-op outside a flow or
-task run, so the stages stay callable from plain Python.
+so each iteration adds a version and the Artifacts page shows the history of a run. The table
+and markdown are built by `nip_core.report.summary_markdown` (pure); publishing is a no-op
+outside a flow or task run, so the stages stay callable from plain Python.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nip_core.artifacts import RunPaths, read_json
-from nip_core.iteration_context import IterationContext
+from prefect import task
+from rich.console import Console
 
-METRICS = ("accuracy", "precision", "recall")
+from nip_core.report.progress import RolloutProgress
+from nip_core.report.summary_markdown import summary_markdown, table_rows
+from nip_core.run.artifacts import RunPaths
+from nip_core.run.iteration_context import IterationContext
+
+log = logging.getLogger(__name__)
 
 
 def artifact_key(run_name: str, suffix: str) -> str:
@@ -33,94 +42,57 @@ def in_prefect_run() -> bool:
     return FlowRunContext.get() is not None or TaskRunContext.get() is not None
 
 
-def _round(value: Any, digits: int = 4) -> Any:
-    return round(value, digits) if isinstance(value, float) else value
+class ProgressArtifact:
+    """A Prefect progress artifact created on first use; errors disable it with a warning."""
+
+    def __init__(self, key: str, description: str) -> None:
+        self.key, self.description = key, description
+        self.artifact_id: Any = None
+        self.enabled = in_prefect_run()
+
+    def set(self, percent: float, description: str) -> None:
+        if not self.enabled:
+            return
+        from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+        percent = round(min(max(percent, 0.0), 100.0), 1)
+        try:  # _sync: the callback runs inside the rollouts' event loop but must not be awaited
+            if self.artifact_id is None:
+                self.artifact_id = create_progress_artifact(
+                    percent, key=self.key, description=description, _sync=True
+                )
+            else:
+                update_progress_artifact(
+                    self.artifact_id, percent, description=description, _sync=True
+                )
+        except Exception as e:  # progress is cosmetic: never fail the stage for it
+            log.warning("progress artifact %s disabled: %s", self.key, e)
+            self.enabled = False
 
 
-def eval_metrics(stats: dict) -> dict | None:
-    """The test-split verifier metrics in `stats["eval"]`, if the iteration was evaluated."""
-    evaluation = stats.get("eval")
-    if not isinstance(evaluation, dict) or not evaluation:
-        return None
-    if "accuracy" in evaluation:
-        return evaluation
-    nested = evaluation.get("verifier")
-    return nested if isinstance(nested, dict) else None
-
-
-def table_rows(stats: dict, verifier: str = "verifier") -> list[dict]:
-    """One row per agent; verifier metrics (train, and test when evaluated) on the verifier's row.
-
-    The metrics judge the verifier's final decisions, so the other agents' rows leave them empty.
-    """
-    test = eval_metrics(stats)
-    rows = []
-    for agent, agent_stats in stats["agents"].items():
-        row = {
-            "agent": agent,
-            "nodes": stats["nodes"],
-            "active_nodes": agent_stats["active_nodes"],
-            "pairs": agent_stats["pairs"],
-            "pair_proportion": _round(agent_stats["pair_proportion"]),
-            "mean_expected_reward": _round(agent_stats["mean_expected_reward"]),
-        }
-        is_verifier = agent == verifier
-        for metric in METRICS:
-            train_value = stats["verifier"].get(metric) if is_verifier else None
-            row[f"train_{metric}"] = _round(train_value)
-            if test is not None:
-                row[f"test_{metric}"] = _round(test.get(metric) if is_verifier else None)
-        rows.append(row)
-    return rows
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:.3f}" if isinstance(value, float) else str(value)
-
-
-def iteration_files(paths: RunPaths, iteration: int) -> list[str]:
-    """Full paths of the files the iteration's manifest records (shards left out)."""
-    manifest_path = paths.manifest(iteration)
-    if not paths.fs.exists(manifest_path):
-        return []
-    stages = read_json(paths.fs, manifest_path).get("stages", {})
-    relative = {
-        name
-        for stage, entry in stages.items()
-        if not stage.startswith("rollouts/shard-")
-        for name in entry.get("files", {})
-    }
-    return [paths.iteration_file(iteration, name) for name in sorted(relative)]
-
-
-def summary_markdown(paths: RunPaths, context: IterationContext, stats: dict) -> str:
-    """Markdown: what ran, the key numbers, the fine-tuned models and where the files are."""
-    kind = "EI (SFT)" if context.is_ei_iteration else "MALT (DPO)"
-    verifier = stats["verifier"]
-    lines = [
-        f"# {context.run_name}: iteration {context.iteration}",
-        "",
-        f"{kind} iteration of protocol `{context.protocol.name}`.",
-        "",
-        "| statistic | value |",
-        "|---|---|",
-        f"| datapoints | {stats['datapoints']} |",
-        f"| nodes | {stats['nodes']} ({_fmt(stats['nodes_per_datapoint'])} per datapoint) |",
-        f"| rollouts | {stats['rollouts']} |",
-        f"| failures | {stats['failures']} |",
-    ]
-    lines += [f"| train verifier {m} | {_fmt(verifier.get(m))} |" for m in METRICS]
-    test = eval_metrics(stats)
-    if test is not None:
-        lines += [f"| test verifier {m} | {_fmt(test.get(m))} |" for m in METRICS]
-    lines += ["", "## Models after this iteration", ""]
-    models = stats.get("models_after") or {}
-    lines += [f"- group `{g}`: `{m}`" for g, m in models.items()] or ["- (unchanged)"]
-    lines += ["", "## Artifacts", "", f"Run folder: `{paths.run_dir}`", ""]
-    lines += [f"- `{path}`" for path in iteration_files(paths, context.iteration)]
-    return "\n".join(lines) + "\n"
+@contextlib.contextmanager
+def rollout_progress(
+    context: IterationContext,
+    console: Console | None = None,
+    *,
+    what: str = "rollouts",
+    artifact_name: str = "rollouts",
+) -> Iterator[RolloutProgress]:
+    """A progress reporter for one iteration's tree generation (`what`), closed on exit."""
+    key = artifact_key(context.run_name, f"iteration-{context.iteration:04d}-{artifact_name}")
+    label = f"iteration {context.iteration} {what}"
+    reporter = RolloutProgress(
+        label,
+        rounds=context.protocol.max_message_rounds,
+        artifact=ProgressArtifact(key, label),
+        console=console,
+    )
+    finished = False
+    try:
+        yield reporter
+        finished = True
+    finally:
+        reporter.close(finished)
 
 
 def run_folder_url(paths: RunPaths) -> str:
@@ -169,3 +141,9 @@ def publish_iteration_artifacts(
             _sync=True,
         ),
     }
+
+
+@task(name="publish-summary")
+def publish_summary_task(paths: RunPaths, context: IterationContext, stats: dict) -> dict:
+    """The iteration's table, summary and run-folder link as Prefect artifacts."""
+    return publish_iteration_artifacts(paths, context, stats)

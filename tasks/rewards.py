@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from prefect import task
 
-from nip_core.artifacts import RunPaths, read_parquet, write_parquet
-from nip_core.iteration_context import IterationContext
-from nip_core.tree_values import rewards_table
-from tasks.common import run_stage
+from nip_core.malt.tree_values import rewards_table
+from nip_core.run.artifacts import RunPaths, read_parquet, write_parquet
+from nip_core.run.iteration_context import IterationContext
+from nip_core.run.stages import run_stage
 
 
 def estimate_rewards(paths: RunPaths, context: IterationContext) -> dict:

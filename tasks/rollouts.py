@@ -16,20 +16,20 @@ import pyarrow as pa
 from prefect import task
 
 from nip_core.agents import make_chat_client
+from nip_core.agents.call_journal import JournaledClient
 from nip_core.agents.clients import close_clients
-from nip_core.artifacts import (
+from nip_core.malt.rollout_tree import RolloutSettings, batch_items, grow_trees
+from nip_core.run.artifacts import (
     RunPaths,
     load_manifest,
     read_parquet,
     stage_is_done,
     write_parquet,
 )
-from nip_core.call_journal import JournaledClient
-from nip_core.iteration_context import IterationContext
-from nip_core.rollout_tree import RolloutSettings, batch_items, grow_trees
-from tasks.common import run_stage
-from tasks.progress import rollout_progress
-from tasks.retry import retry_transient_only
+from nip_core.run.iteration_context import IterationContext
+from nip_core.run.stages import run_stage
+from tasks import TRANSIENT_RETRY
+from tasks.prefect_artifacts import rollout_progress
 
 log = logging.getLogger(__name__)
 
@@ -142,9 +142,7 @@ def grow_all_trees(paths: RunPaths, context: IterationContext, progress=None) ->
 # finished shards and the call journal, so no completed call is paid for twice.
 @task(
     name="generate-rollouts",
-    retries=2,
-    retry_delay_seconds=[10, 60],
-    retry_condition_fn=retry_transient_only,
+    **TRANSIENT_RETRY,
 )
 def generate_rollouts_task(paths: RunPaths, context: IterationContext) -> str:
     with rollout_progress(context) as progress:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from prefect import task
 
-from nip_core.artifacts import RunPaths, load_manifest, read_parquet, save_manifest
-from nip_core.iteration_context import IterationContext
-from nip_core.iteration_stats import iteration_stats
-from tasks.common import run_stage
+from nip_core.malt.iteration_stats import iteration_stats
+from nip_core.run.artifacts import RunPaths, load_manifest, read_parquet, save_manifest
+from nip_core.run.iteration_context import IterationContext
+from nip_core.run.stages import run_stage
 
 
 def summarise_iteration(paths: RunPaths, context: IterationContext) -> dict:

@@ -1,6 +1,6 @@
 """Stage: score fine-tuned models against the previous ones before switching (`switch_guard`).
 
-Runs inside the switch stage when `text_rl.switch_guard` is on. Each scoring is an evaluation
+Runs after the switch stage; with `text_rl.switch_guard` off it passes the new models through. Each scoring is an evaluation
 on the first `text_rl.switch_guard_episodes` validation episodes (one sample per turn, the same
 datapoints and call seeds for both models), written to `guard-<label>.parquet`. All scorings
 share one call journal (`guard-calls-*.jsonl`): an interrupted guard replays its finished calls,
@@ -14,13 +14,16 @@ import asyncio
 import logging
 from pathlib import Path
 
-from nip_core.artifacts import RunPaths, write_parquet
+from prefect import task
+
 from nip_core.data import datapoints
-from nip_core.evaluation import evaluation_items, evaluation_metrics, evaluation_table
-from nip_core.iteration_context import IterationContext, build_context
-from nip_core.splits import load_split
-from nip_core.switch_guard import group_score, guarded_models, verdict
-from tasks.common import run_stage
+from nip_core.data.splits import load_split
+from nip_core.malt.evaluation import evaluation_items, evaluation_metrics, evaluation_table
+from nip_core.run.artifacts import RunPaths, write_parquet
+from nip_core.run.iteration_context import IterationContext, build_context
+from nip_core.run.stages import record_models_after, run_stage
+from nip_core.training.switch_guard import group_score, guarded_models, verdict
+from tasks import TRANSIENT_RETRY
 from tasks.evaluate import _grow_then_close, evaluation_settings, journaled_clients
 
 log = logging.getLogger(__name__)
@@ -103,3 +106,16 @@ def guard_switch(
             entry["verdict"],
         )
     return guarded_models(current, candidates, {g: e["verdict"] for g, e in report.items()})
+
+
+@task(name="switch-guard", **TRANSIENT_RETRY)
+def switch_guard_task(
+    paths: RunPaths, context: IterationContext, candidates: dict[str, str]
+) -> dict[str, str]:
+    """The models the next iteration uses (kept in the manifest as `models_after`)."""
+    if context.hyper_params.text_rl.switch_guard:
+        models = guard_switch(paths, context, candidates)
+    else:
+        models = dict(candidates)
+    record_models_after(paths, context, models)
+    return models

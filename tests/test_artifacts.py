@@ -5,7 +5,7 @@ import logging
 import pyarrow as pa
 import pytest
 
-from nip_core.artifacts import (
+from nip_core.run.artifacts import (
     ArtifactError,
     RunPaths,
     load_manifest,

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from nip_core.batching import iteration_positions
+from nip_core.malt.batching import iteration_positions
 
 
 def test_windows_cover_the_permutation_then_wrap():

@@ -3,7 +3,7 @@
 import asyncio
 from dataclasses import dataclass
 
-from nip_core.call_journal import JournaledClient
+from nip_core.agents.call_journal import JournaledClient
 
 
 @dataclass(frozen=True)

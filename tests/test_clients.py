@@ -34,8 +34,8 @@ from nip_core.agents.clients import (
     make_chat_client,
     request_timeout,
 )
+from nip_core.agents.retry import is_transient
 from nip_core.parameters import PureTextAgentParameters
-from tasks.retry import is_transient
 
 SECRET = "sk-test-PLANTED-SECRET-0123456789"
 KEY_ENV = "NIP_TEST_CLIENT_KEY"

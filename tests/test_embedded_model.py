@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from nip_core import embedded_model
+from nip_core.lm_server import embedded_model
 
 
 @pytest.mark.slow

@@ -13,17 +13,17 @@ import pytest
 
 from flows.evaluate import main as evaluate_main
 from flows.malt_iteration import malt_iteration, resolve_hyper_params
-from nip_core import schemas
 from nip_core.episode import ACCEPT, Datapoint
-from nip_core.evaluation import (
+from nip_core.malt import schemas
+from nip_core.malt.evaluation import (
     evaluation_items,
     evaluation_metrics,
     evaluation_size,
     evaluation_table,
     should_evaluate,
 )
-from nip_core.iteration_context import build_context
-from nip_core.iteration_stats import verifier_metrics
+from nip_core.malt.iteration_stats import verifier_metrics
+from nip_core.run.iteration_context import build_context
 
 # ------------------------------------------------------------------------------------------
 # Pure functions
@@ -263,7 +263,7 @@ def test_standalone_evaluation_of_an_iteration_not_reached_is_refused(
 
 
 def test_judging_metrics_by_hand():
-    from nip_core.evaluation import judging_metrics
+    from nip_core.malt.evaluation import judging_metrics
 
     table = pa.table(
         {

@@ -1,4 +1,4 @@
-"""Tests for nip_core.expected_reward: hand-drawn trees plus property tests against a recursive
+"""Tests for nip_core.malt.expected_reward: hand-drawn trees plus property tests against a recursive
 pure-Python reference (tests/tree_reference.py).
 
 Run: pytest tests/test_expected_reward.py -q
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nip_core.expected_reward import children_counts, expected_rewards
+from nip_core.malt.expected_reward import children_counts, expected_rewards
 from tests import tree_reference as ref
 
 
@@ -177,6 +177,6 @@ def test_balanced_leaf_only_rewards_make_estimators_agree(n_roots, branching, le
 def test_module_example_runs():
     import doctest
 
-    from nip_core import expected_reward
+    from nip_core.malt import expected_reward
 
     assert doctest.testmod(expected_reward).failed == 0

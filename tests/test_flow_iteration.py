@@ -239,7 +239,7 @@ def test_every_client_is_closed_inside_the_loop_that_used_it(
     import asyncio
 
     from nip_core.agents.clients import DummyChatClient
-    from nip_core.model_groups import SharedModelGroup
+    from nip_core.training.model_groups import SharedModelGroup
 
     closed: list[tuple[str, str]] = []
 

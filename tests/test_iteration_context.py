@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nip_core.iteration_context import build_context
 from nip_core.parameters import HyperParameters, apply_overrides
+from nip_core.run.iteration_context import build_context
 
 
 def context(*overrides: str, iteration: int = 0, group_models=None):

@@ -25,9 +25,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from nip_core import schemas
-from nip_core.iteration_stats import iteration_stats, leaf_decisions, verifier_metrics
-from nip_core.tree_values import rewards_table
+from nip_core.malt import schemas
+from nip_core.malt.iteration_stats import iteration_stats, leaf_decisions, verifier_metrics
+from nip_core.malt.tree_values import rewards_table
 
 AGENTS = ("prover", "verifier")
 

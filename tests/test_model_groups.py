@@ -10,8 +10,9 @@ import httpx
 import openai
 import pytest
 
-from nip_core import model_groups as mg
-from nip_core.model_groups import (
+from nip_core.parameters.agents import PureTextAgentParameters
+from nip_core.training import model_groups as mg
+from nip_core.training.model_groups import (
     DUMMY_JOB_ID,
     FROZEN_JOB_ID,
     INSUFFICIENT_DATA_JOB_ID,
@@ -23,7 +24,6 @@ from nip_core.model_groups import (
     job_key,
     job_suffix,
 )
-from nip_core.parameters.agents import PureTextAgentParameters
 
 BASE = "gpt-4o-mini-2024-07-18"
 
@@ -193,7 +193,7 @@ def test_a_restarted_group_reattaches_to_its_job():
 
 
 def test_transient_errors_are_retried(monkeypatch):
-    monkeypatch.setattr(mg.random, "random", lambda: 0.0)  # no back-off delay
+    monkeypatch.setattr(mg._API_RETRY, "base_seconds", 0.0)  # no back-off delay
     client = FakeClient()
     client.jobs.fail_next_list = [
         _http_error(openai.RateLimitError, 429),
@@ -204,7 +204,7 @@ def test_transient_errors_are_retried(monkeypatch):
 
 
 def test_permanent_errors_propagate(monkeypatch):
-    monkeypatch.setattr(mg.random, "random", lambda: 0.0)
+    monkeypatch.setattr(mg._API_RETRY, "base_seconds", 0.0)
     client = FakeClient()
     client.jobs.fail_next_list = [_http_error(openai.BadRequestError, 400)]
     with pytest.raises(openai.BadRequestError):

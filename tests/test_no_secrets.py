@@ -15,8 +15,12 @@ import pytest
 from pydantic import SecretStr
 
 from flows.malt_iteration import malt_iteration
-from nip_core.tracking import offline_logs, read_offline_config, read_offline_history
-from tasks.tracking import RUN_ID_FILE
+from nip_core.run.tracking import (
+    RUN_ID_FILE,
+    offline_logs,
+    read_offline_config,
+    read_offline_history,
+)
 
 PLANTED = {
     name: f"fake-{name.lower()}-{uuid.uuid4().hex}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nip_core.preference_pairs import select_pairs
+from nip_core.malt.preference_pairs import select_pairs
 
 # root 0 with four children (values 1, 0, 1, 0.2) and root 5 whose child 6 has children 7, 8.
 PARENT = np.array([-1, 0, 0, 0, 0, -1, 5, 6, 6])

@@ -13,15 +13,10 @@ from prefect.artifacts import Artifact
 
 from flows import malt_iteration as iteration_module
 from flows.malt_iteration import malt_iteration
-from nip_core.artifacts import RunPaths, write_json
-from nip_core.run_lock import LOCK_NAME, RunLockedError, run_lock
-from tasks.prefect_artifacts import (
-    artifact_key,
-    publish_iteration_artifacts,
-    run_folder_url,
-    summary_markdown,
-    table_rows,
-)
+from nip_core.report.summary_markdown import summary_markdown, table_rows
+from nip_core.run.artifacts import RunPaths, write_json
+from nip_core.run.lock import LOCK_NAME, RunLockedError, run_lock
+from tasks.prefect_artifacts import artifact_key, publish_iteration_artifacts, run_folder_url
 
 SMALL = [
     "agents._default.use_dummy_api=true",
@@ -172,7 +167,7 @@ def test_malt_run_cli_reports_a_locked_folder(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys, time\nfrom nip_core.run_lock import run_lock\n"
+            "import sys, time\nfrom nip_core.run.lock import run_lock\n"
             "with run_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(60)\n",
             str(tmp_path / "r"),
         ],

@@ -10,7 +10,8 @@ from prefect import flow
 from prefect.artifacts import Artifact
 from rich.console import Console
 
-from tasks.progress import ProgressArtifact, RolloutProgress
+from nip_core.report.progress import RolloutProgress
+from tasks.prefect_artifacts import ProgressArtifact
 
 
 class FakeClock:

@@ -16,9 +16,10 @@ from prefect import flow, task
 from prefect.states import Failed
 
 from nip_core.agents.clients import ModelCallError
-from nip_core.artifacts import ArtifactError
+from nip_core.agents.retry import is_transient, is_unreadable_reply
+from nip_core.run.artifacts import ArtifactError
+from tasks import retry_transient_only
 from tasks.fine_tune import fine_tune_task, switch_model_task
-from tasks.retry import is_transient, is_unreadable_reply, retry_transient_only
 from tasks.rollouts import generate_rollouts_task
 
 REQUEST = httpx.Request("POST", "http://127.0.0.1:1/v1/chat/completions")

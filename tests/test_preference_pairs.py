@@ -1,4 +1,4 @@
-"""Tests for nip_core.preference_pairs: hand-drawn trees, property tests against the checker in
+"""Tests for nip_core.malt.preference_pairs: hand-drawn trees, property tests against the checker in
 tests/tree_reference.py, determinism and uniformity of the random draws.
 
 Run: pytest tests/test_preference_pairs.py -q
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nip_core.expected_reward import expected_rewards
-from nip_core.preference_pairs import Pairs, is_positive, select_pairs
+from nip_core.malt.expected_reward import expected_rewards
+from nip_core.malt.preference_pairs import Pairs, is_positive, select_pairs
 from tests import tree_reference as ref
 
 
@@ -352,14 +352,14 @@ def test_interval_draws_are_uniform_over_valid_pairs(seed):
 def test_module_example_runs():
     import doctest
 
-    from nip_core import preference_pairs
+    from nip_core.malt import preference_pairs
 
     assert doctest.testmod(preference_pairs).failed == 0
 
 
 def test_uniform_floats_are_deterministic_and_spread():
     """Counter-based floats: same inputs -> same floats; ~uniform over 10 bins; seed matters."""
-    from nip_core.tree_arrays import uniform_floats
+    from nip_core.malt.tree_arrays import uniform_floats
 
     keys = np.arange(20_000, dtype=np.uint64)
     u = uniform_floats(3, keys, agent=1)

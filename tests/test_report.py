@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 
 from flows.report import main as report_main
-from nip_core.artifacts import open_run
-from nip_core.report import build_report, pick_trees, value_ranges
-from nip_core.report_plots import metric_plots
-from nip_core.report_trees import CHOSEN, REJECTED, colour_scale, tree_layout
+from nip_core.report import open_run
+from nip_core.report.html import build_report, pick_trees, value_ranges
+from nip_core.report.plots import metric_plots
+from nip_core.report.trees import CHOSEN, REJECTED, colour_scale, tree_layout
 from tests.test_run_reader import dummy_run  # noqa: F401  (shared session fixture)
 
 REPO = Path(__file__).resolve().parent.parent

@@ -9,10 +9,7 @@ import pytest
 
 from nip_core.agents import DummyChatClient
 from nip_core.episode import Datapoint
-from nip_core.iteration_context import build_context
-from nip_core.parameters import HyperParameters, apply_overrides
-from nip_core.protocols import active_agents
-from nip_core.rollout_tree import (
+from nip_core.malt.rollout_tree import (
     BatchItem,
     RolloutSettings,
     batch_items,
@@ -22,6 +19,9 @@ from nip_core.rollout_tree import (
     history,
     turns_by_node,
 )
+from nip_core.parameters import HyperParameters, apply_overrides
+from nip_core.protocols import active_agents
+from nip_core.run.iteration_context import build_context
 from nip_core.seeding import call_seed
 from tasks.rollouts import rollout_settings
 

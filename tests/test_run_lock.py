@@ -14,7 +14,7 @@ from dataclasses import asdict, replace
 
 import pytest
 
-from nip_core.run_lock import (
+from nip_core.run.lock import (
     LOCK_NAME,
     LockInfo,
     RunLockedError,
@@ -84,7 +84,7 @@ def test_second_lock_in_same_process_is_refused(tmp_path):
 def test_stale_lock_of_dead_pid_is_taken_over_with_warning(tmp_path, caplog):
     pid = dead_pid()
     plant_lock(tmp_path, pid)
-    with caplog.at_level(logging.WARNING, logger="nip_core.run_lock"), run_lock(tmp_path) as lock:
+    with caplog.at_level(logging.WARNING, logger="nip_core.run.lock"), run_lock(tmp_path) as lock:
         assert read_lock(lock).pid == os.getpid()
     assert f"pid {pid}" in caplog.text and "stale" in caplog.text
     assert not (tmp_path / LOCK_NAME).exists()
@@ -134,7 +134,7 @@ def test_two_processes_race_for_one_folder(tmp_path):
     """Exactly one of several simultaneous starters wins."""
     code = (
         "import sys, time\n"
-        "from nip_core.run_lock import run_lock, RunLockedError\n"
+        "from nip_core.run.lock import run_lock, RunLockedError\n"
         "try:\n"
         "    with run_lock(sys.argv[1]):\n"
         "        time.sleep(2)\n"

@@ -8,9 +8,10 @@ import shutil
 import pandas as pd
 import pytest
 
-from nip_core.artifacts import ArtifactError, open_run, read_json
 from nip_core.episode import ChannelMessage, Turn
-from nip_core.run_reader import RunReadError, RunView, flatten_stats, transcript_rows
+from nip_core.report import open_run
+from nip_core.report.run_reader import RunReadError, RunView, flatten_stats, transcript_rows
+from nip_core.run.artifacts import ArtifactError, read_json
 
 DUMMY_RUN = [
     "agents._default.use_dummy_api=true",

@@ -10,7 +10,13 @@ import pytest
 import tasks.switch_guard as guard_stage
 from flows.malt_iteration import malt_iteration
 from nip_core.parameters import load_hyper_params
-from nip_core.switch_guard import KEPT_PREVIOUS, SWITCHED, group_score, guarded_models, verdict
+from nip_core.training.switch_guard import (
+    KEPT_PREVIOUS,
+    SWITCHED,
+    group_score,
+    guarded_models,
+    verdict,
+)
 
 BASE = [
     "agents._default.use_dummy_api=true",

@@ -9,10 +9,11 @@ import sys
 
 import pytest
 
-from nip_core.artifacts import RunPaths
 from nip_core.parameters import HyperParameters
-from nip_core.tracking import (
+from nip_core.run.artifacts import RunPaths
+from nip_core.run.tracking import (
     REDACTED,
+    RUN_ID_FILE,
     NullTracker,
     WandbTracker,
     _records,
@@ -21,12 +22,13 @@ from nip_core.tracking import (
     iteration_metrics,
     make_tracker,
     offline_logs,
+    open_tracker,
     read_offline_history,
     scrub,
     secret_values,
+    tracking_run_id,
     wandb_configured,
 )
-from tasks.tracking import RUN_ID_FILE, open_tracker, tracking_run_id
 
 # ------------------------------------------------------------------------------------------
 # Pure helpers

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nip_core.dataset_export import training_datasets
+from nip_core.malt.dataset_export import training_datasets
 
 
 def info(kind: str, rows: int, it: int) -> dict:
@@ -37,9 +37,9 @@ def test_a_group_without_data_this_iteration_trains_on_nothing():
 
 def test_fine_tune_stage_concatenates_every_iteration_so_far(prefect_harness, tmp_path):
     from flows.malt_run import malt_run
-    from nip_core.artifacts import RunPaths
-    from nip_core.iteration_context import build_context
     from nip_core.parameters import load_hyper_params
+    from nip_core.run.artifacts import RunPaths
+    from nip_core.run.iteration_context import build_context
     from tasks.fine_tune import exported_datasets, training_data
 
     overrides = [

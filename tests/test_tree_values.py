@@ -30,8 +30,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from nip_core import schemas
-from nip_core.tree_values import pairs_table, parent_indices, rewards_table
+from nip_core.malt import schemas
+from nip_core.malt.tree_values import pairs_table, parent_indices, rewards_table
 
 AGENTS = ("prover", "verifier")
 THRESHOLDS = (0.6, 0.0)

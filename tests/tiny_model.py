@@ -7,7 +7,7 @@ def build_tiny_model(out: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from nip_core.embedded_model import embedded_model_path
+    from nip_core.lm_server.embedded_model import embedded_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_path())
     torch.manual_seed(0)

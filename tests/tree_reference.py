@@ -1,6 +1,6 @@
 """Straightforward recursive pure-Python reference for the tree math.
 
-Used by the tests to check the vectorised `nip_core.expected_reward` / `preference_pairs`, and by
+Used by the tests to check the vectorised `nip_core.malt.expected_reward` / `preference_pairs`, and by
 `bench/tree_rewards.py` as the speed baseline. Written for obviousness, not speed: plain lists,
 one recursive call per node, one Python loop per (parent, agent) group.
 """

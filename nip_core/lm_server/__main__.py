@@ -39,7 +39,7 @@ def _model_and_name(model: str | None) -> tuple[str, str | None]:
     """The model to load and, for the embedded default, its public name."""
     if model:
         return model, None
-    from nip_core.embedded_model import EMBEDDED_MODEL_NAME, embedded_model_path
+    from nip_core.lm_server.embedded_model import EMBEDDED_MODEL_NAME, embedded_model_path
 
     return str(embedded_model_path()), EMBEDDED_MODEL_NAME
 
@@ -47,8 +47,8 @@ def _model_and_name(model: str | None) -> tuple[str, str | None]:
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
-    from nip_core.embedded_model import cache_root
     from nip_core.lm_server.app import create_app
+    from nip_core.lm_server.embedded_model import cache_root
 
     args = _parse(argv)
     logging.basicConfig(
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if args.engine == "dummy" and not args.model:
-        from nip_core.embedded_model import EMBEDDED_MODEL_NAME
+        from nip_core.lm_server.embedded_model import EMBEDDED_MODEL_NAME
 
         model, public_name = EMBEDDED_MODEL_NAME, None  # canned answers need no weights
     else:

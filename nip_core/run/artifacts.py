@@ -242,12 +242,3 @@ def forget_stages(manifest: dict, stages: list[str]) -> dict:
 
 # --------------------------------------------------------------------------------------------
 # Reading a run back
-
-
-def open_run(path: str):  # -> nip_core.run_reader.RunView
-    """A read-only `RunView` of the run folder at `path` (a local path or an fsspec URL):
-    `.iterations`, `.stats`, `.nodes(i)`, `.rewards(i)`, `.pairs(i)`, `.dpo(i, group)`,
-    `.transcript(node_id)`. Imported lazily: run_reader builds on this module."""
-    from nip_core.run_reader import open_run as _open_run
-
-    return _open_run(path)

@@ -18,8 +18,9 @@ from urllib.parse import urlparse
 
 import httpx
 
-from nip_core.artifacts import RunPaths
-from nip_core.iteration_context import IterationContext
+from nip_core.agents.clients import provider_of
+from nip_core.run.artifacts import RunPaths
+from nip_core.run.iteration_context import IterationContext
 
 log = logging.getLogger(__name__)
 ENGINE_ENV = "NIP_LM_SERVER_ENGINE"  # transformers (default) | vllm | dummy
@@ -42,7 +43,7 @@ class ServerHandle:
 def self_hosted_endpoint(context: IterationContext) -> tuple[str, str, int] | None:
     """(scheme://host, host, port) of the server the run needs, or None."""
     for params in context.agent_params.values():
-        if params.model_provider == "SelfHosted" and not params.use_dummy_api:
+        if provider_of(params).self_hosted and not params.use_dummy_api:
             scheme_host = params.language_model_server_scheme_host.rstrip("/")
             return (
                 scheme_host,

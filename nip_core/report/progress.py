@@ -1,59 +1,25 @@
-"""Progress of tree generation: a rich bar on the terminal and a Prefect progress artifact.
-
-    with rollout_progress(context) as progress:
-        grow_all_trees(paths, context, progress=progress)
+"""Progress of tree generation: a rich bar on the terminal, and an optional sink (a Prefect
+progress artifact, see `tasks.prefect_artifacts.rollout_progress`).
 
 `grow_trees` calls `progress(round, calls_done, calls_in_level)` after every model call, once per
 shard and level (shards grow concurrently, so calls of several levels interleave). The total
 number of calls is not known in advance (episodes end early), so the bar shows calls done out
-of the calls known so far, plus calls per second. Inside a Prefect flow or task run the same
-numbers go to a progress artifact, updated at most `min_interval` apart; outside Prefect, and
-if the API refuses, that part is a no-op: progress never fails a run.
+of the calls known so far, plus calls per second. The sink is updated at most `min_interval`
+apart; progress never fails a run.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from nip_core.iteration_context import IterationContext
-from tasks.prefect_artifacts import artifact_key, in_prefect_run
 
-log = logging.getLogger(__name__)
-
-
-class ProgressArtifact:
-    """A Prefect progress artifact created on first use; errors disable it with a warning."""
-
-    def __init__(self, key: str, description: str) -> None:
-        self.key, self.description = key, description
-        self.artifact_id: Any = None
-        self.enabled = in_prefect_run()
-
-    def set(self, percent: float, description: str) -> None:
-        if not self.enabled:
-            return
-        from prefect.artifacts import create_progress_artifact, update_progress_artifact
-
-        percent = round(min(max(percent, 0.0), 100.0), 1)
-        try:  # _sync: the callback runs inside the rollouts' event loop but must not be awaited
-            if self.artifact_id is None:
-                self.artifact_id = create_progress_artifact(
-                    percent, key=self.key, description=description, _sync=True
-                )
-            else:
-                update_progress_artifact(
-                    self.artifact_id, percent, description=description, _sync=True
-                )
-        except Exception as e:  # progress is cosmetic: never fail the stage for it
-            log.warning("progress artifact %s disabled: %s", self.key, e)
-            self.enabled = False
+class ProgressSink(Protocol):
+    def set(self, percent: float, description: str) -> None: ...
 
 
 class RolloutProgress:
@@ -64,7 +30,7 @@ class RolloutProgress:
         label: str,
         *,
         rounds: int,
-        artifact: ProgressArtifact | None = None,
+        artifact: ProgressSink | None = None,
         console: Console | None = None,
         min_interval: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
@@ -148,28 +114,3 @@ class RolloutProgress:
             description=f"{self.label} (round {self.round + 1}/{self.rounds})",
         )
         self.bar.refresh()
-
-
-@contextlib.contextmanager
-def rollout_progress(
-    context: IterationContext,
-    console: Console | None = None,
-    *,
-    what: str = "rollouts",
-    artifact_name: str = "rollouts",
-) -> Iterator[RolloutProgress]:
-    """A progress reporter for one iteration's tree generation (`what`), closed on exit."""
-    key = artifact_key(context.run_name, f"iteration-{context.iteration:04d}-{artifact_name}")
-    label = f"iteration {context.iteration} {what}"
-    reporter = RolloutProgress(
-        label,
-        rounds=context.protocol.max_message_rounds,
-        artifact=ProgressArtifact(key, label),
-        console=console,
-    )
-    finished = False
-    try:
-        yield reporter
-        finished = True
-    finally:
-        reporter.close(finished)

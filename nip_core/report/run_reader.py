@@ -1,12 +1,12 @@
 """Read a finished (or partly finished) run folder as pandas DataFrames, for people and reports.
 
-    from nip_core.artifacts import open_run
+    from nip_core.report import open_run
     run = open_run("artifacts/exp1")
     run.stats[["iteration", "verifier.accuracy"]]
     run.pairs(0).query("agent == 'verifier'")
     run.transcript("b3.1.0", iteration=0)
 
-Everything goes through `nip_core.artifacts` (checked reads on any fsspec filesystem), so a run on
+Everything goes through `nip_core.run.artifacts` (checked reads on any fsspec filesystem), so a run on
 an object store reads the same as a local one. Nothing here writes.
 """
 
@@ -22,9 +22,9 @@ import pandas as pd
 import pyarrow as pa
 from fsspec.implementations.local import LocalFileSystem
 
-from nip_core.artifacts import ArtifactError, RunPaths, read_json, read_parquet
 from nip_core.episode import DECISION_NAMES, Turn
-from nip_core.rollout_tree import history, path_to_node, turns_by_node
+from nip_core.malt.rollout_tree import history, path_to_node, turns_by_node
+from nip_core.run.artifacts import ArtifactError, RunPaths, read_json, read_parquet
 
 TRANSCRIPT_COLUMNS = ["node_id", "round", "agent", "channel", "content", "decision"]
 

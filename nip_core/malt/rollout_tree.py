@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from nip_core import schemas
 from nip_core.agents import AgentResponse, chat_messages, generate_responses
 from nip_core.episode import ChannelMessage, Datapoint, Turn
+from nip_core.malt import schemas
 from nip_core.protocols import Protocol, active_agents, step_outcome
 from nip_core.seeding import call_seed
 

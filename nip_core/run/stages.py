@@ -1,12 +1,18 @@
-"""Shared helpers of the stage tasks: the manifest check that makes every stage resumable."""
+"""Running one stage resumably: the manifest check every stage goes through."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from nip_core.artifacts import RunPaths, load_manifest, record_stage, stage_is_done
-from nip_core.iteration_context import IterationContext
+from nip_core.run.artifacts import (
+    RunPaths,
+    load_manifest,
+    record_stage,
+    save_manifest,
+    stage_is_done,
+)
+from nip_core.run.iteration_context import IterationContext
 
 
 def run_stage(
@@ -29,3 +35,12 @@ def run_stage(
     manifest = load_manifest(paths, context.iteration, context.run_name, config_hash)
     manifest = record_stage(paths, context.iteration, manifest, stage, files, info)
     return manifest["stages"][stage]
+
+
+def record_models_after(paths: RunPaths, context: IterationContext, models: dict[str, str]) -> None:
+    """Write the models the next iteration starts from into the manifest (`models_after`)."""
+    config_hash = context.hyper_params.config_hash()
+    manifest = load_manifest(paths, context.iteration, context.run_name, config_hash)
+    if manifest.get("models_after") != models:
+        manifest["models_after"] = dict(models)
+        save_manifest(paths, context.iteration, manifest)

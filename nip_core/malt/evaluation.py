@@ -18,9 +18,9 @@ import numpy as np
 import pyarrow as pa
 
 from nip_core.episode import Datapoint
-from nip_core.iteration_stats import leaf_decisions, verifier_metrics
-from nip_core.rollout_tree import BatchItem
-from nip_core.schemas import AGENT_REWARD
+from nip_core.malt.iteration_stats import leaf_decisions, verifier_metrics
+from nip_core.malt.rollout_tree import BatchItem
+from nip_core.malt.schemas import AGENT_REWARD
 from nip_core.seeding import stable_int
 
 Split = Literal["test", "train", "validation"]

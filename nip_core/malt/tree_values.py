@@ -14,9 +14,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nip_core import schemas
-from nip_core.expected_reward import expected_rewards
-from nip_core.preference_pairs import is_positive, select_pairs
+from nip_core.malt import schemas
+from nip_core.malt.expected_reward import expected_rewards
+from nip_core.malt.preference_pairs import is_positive, select_pairs
 
 
 def _agent_matrix(

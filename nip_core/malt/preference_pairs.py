@@ -38,7 +38,7 @@ from typing import Literal
 
 import numpy as np
 
-from nip_core.tree_arrays import (
+from nip_core.malt.tree_arrays import (
     Bucket,
     as_agent_vector,
     as_node_keys,

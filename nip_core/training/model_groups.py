@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-import random
 import re
 import time
 import uuid
@@ -20,11 +19,12 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import nip_core
+from nip_core.agents.clients import api_endpoint, provider_of
+from nip_core.agents.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
 JobStatus = Literal["pending", "running", "succeeded", "failed", "cancelled", "not_found"]
-OPENAI_MIN_EXAMPLES = 10
 DUMMY_JOB_ID = "dummy_job_id"
 FROZEN_JOB_ID = "frozen_job_id"
 INSUFFICIENT_DATA_JOB_ID = "insufficient_data_job_id"
@@ -59,26 +59,12 @@ def job_suffix(run_name: str, iteration: int, group: str) -> str:
     return f"{run_name}-it{iteration}-{group}"[-64:].lstrip("-")
 
 
-async def with_backoff(call, *, attempts: int = 6, base: float = 1.0, cap: float = 60.0):
-    """Retry `call()` on rate-limit, quota and transient server/connection errors."""
-    import openai
+_API_RETRY = RetryPolicy(attempts=6, base_seconds=1.0, cap_seconds=60.0)
 
-    transient = (
-        openai.RateLimitError,
-        openai.APIConnectionError,
-        openai.APITimeoutError,
-        openai.InternalServerError,
-    )
-    for attempt in range(attempts):
-        try:
-            return await call()
-        except transient as e:
-            if attempt == attempts - 1:
-                raise
-            delay = min(cap, base * 2**attempt) * random.random()
-            log.warning("fine-tuning API: %s; retrying in %.1f s", type(e).__name__, delay)
-            await asyncio.sleep(delay)
-    raise AssertionError("unreachable")
+
+async def with_backoff(call):
+    """`call()`, retried on rate-limit, quota and transient server/connection errors."""
+    return await _API_RETRY.call("fine-tuning API", call)
 
 
 class SharedModelGroup:
@@ -132,7 +118,7 @@ class SharedModelGroup:
 
     @property
     def min_examples(self) -> int:
-        return OPENAI_MIN_EXAMPLES if self.params.model_provider == "OpenAI" else 1
+        return provider_of(self.params).min_training_examples
 
     # ------------------------------------------------------------------ state
 
@@ -159,7 +145,7 @@ class SharedModelGroup:
 
     async def wait_for_ready(self, timeout: float = 300.0) -> None:
         """For a self-hosted server: wait until /health answers with our package version."""
-        if self.params.use_dummy_api or self.params.model_provider != "SelfHosted":
+        if self.params.use_dummy_api or not provider_of(self.params).self_hosted:
             return
         import httpx
 
@@ -217,7 +203,7 @@ class SharedModelGroup:
         hyper: dict[str, Any] = {"n_epochs": self.num_epochs}
         if method == "dpo" and self.params.dpo_beta is not None:
             hyper["beta"] = self.params.dpo_beta
-        if self.params.model_provider == "SelfHosted":
+        if provider_of(self.params).sends_lora_options:
             hyper["batch_size"] = self.params.per_device_train_batch_size
         return hyper
 
@@ -296,7 +282,7 @@ class SharedModelGroup:
             "suffix": suffix,
             "metadata": {"nip_job_key": key, "nip_group": self.name},
         }
-        if self.params.model_provider == "SelfHosted":
+        if provider_of(self.params).sends_lora_options:
             request["extra_body"] = {"nip_training": self._training_extension()}
         job = await with_backoff(lambda: client.fine_tuning.jobs.create(**request))
         self.state.fine_tune_job_id = job.id
@@ -325,7 +311,7 @@ class SharedModelGroup:
         (NestedArrayDicts of sampled timesteps) and builds the dataset itself. Here the caller
         passes the finished dataset instead: `jsonl`, OpenAI's preference-tuning JSONL (one
         `{"input", "preferred_output", "non_preferred_output"}` object per line, as
-        `nip_core.dataset_export.dpo_openai_jsonl` builds it for all the group's agents), and
+        `nip_core.malt.dataset_export.dpo_openai_jsonl` builds it for all the group's agents), and
         `rows`, its number of lines (checked against the provider's minimum, as in nip).
 
         `job_name` becomes the job's suffix (cut to OpenAI's 64 characters; the group name when
@@ -352,7 +338,7 @@ class SharedModelGroup:
         nip passes `rollouts_per_agent` and `guess_replaced_rollouts` (NestedArrayDicts of
         sampled rollouts, the latter with the verifier's guess replaced by the true label) and
         builds the chat examples itself. Here `jsonl` is the finished OpenAI chat-format JSONL
-        (one `{"messages": [...]}` object per line, as `nip_core.dataset_export.sft_openai_jsonl`
+        (one `{"messages": [...]}` object per line, as `nip_core.malt.dataset_export.sft_openai_jsonl`
         builds it, guess-replaced rollouts already included)
         and `rows` its number of lines. `job_name`, `key` and `from_base_model` are as in
         `create_dpo_fine_tune_job`. Returns the job id.
@@ -462,11 +448,9 @@ def fine_tuning_client(agent_params: Any) -> Any:
 
     import openai
 
-    from nip_core.agents.clients import api_endpoint
-
     base_url, key_env = api_endpoint(agent_params)
     key = os.environ.get(key_env or "", "")
-    if not key and agent_params.model_provider != "SelfHosted":
+    if not key and provider_of(agent_params).key_required:
         raise RuntimeError(
             f"set {key_env} in the environment to fine-tune with {base_url or 'OpenAI'}"
         )

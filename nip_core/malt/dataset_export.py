@@ -13,14 +13,14 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from nip_core import schemas
 from nip_core.agents import chat_messages, training_conversation
-from nip_core.chat_format import fold_speaker_names, openai_messages
+from nip_core.agents.chat_format import fold_speaker_names, openai_messages
 from nip_core.episode import ACCEPT, REJECT
+from nip_core.malt import schemas
+from nip_core.malt.rollout_tree import BatchItem, history, turns_by_node
+from nip_core.malt.tree_values import parent_indices
 from nip_core.protocols import Protocol
-from nip_core.rollout_tree import BatchItem, history, turns_by_node
 from nip_core.seeding import stable_int
-from nip_core.tree_values import parent_indices
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from nip_core.report_plots import Plot, agent_names, metric_plots
-from nip_core.report_trees import node_text, pair_roles, tree_svg, verdict
-from nip_core.run_reader import RunReadError, RunView
+from nip_core.report.plots import Plot, agent_names, metric_plots
+from nip_core.report.run_reader import RunReadError, RunView
+from nip_core.report.trees import node_text, pair_roles, tree_svg, verdict
 
 PAIR_COLUMNS = [
     "pairs",

@@ -32,7 +32,7 @@ from typing import Literal
 
 import numpy as np
 
-from nip_core.tree_arrays import (
+from nip_core.malt.tree_arrays import (
     as_node_matrix,
     as_parent_array,
     check_depth,
@@ -40,7 +40,7 @@ from nip_core.tree_arrays import (
     level_nodes,
     sibling_buckets,
 )
-from nip_core.tree_arrays import children_counts as _children_counts
+from nip_core.malt.tree_arrays import children_counts as _children_counts
 
 ValueMethod = Literal["monte_carlo", "leaf_average"]
 VALUE_METHODS: tuple[str, ...] = ("monte_carlo", "leaf_average")

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from nip_core.artifacts import RunPaths
+from nip_core.run.artifacts import RunPaths
 
 log = logging.getLogger(__name__)
 
