@@ -18,20 +18,20 @@ import sys
 
 from prefect import flow
 
-from flows.malt_iteration import (
-    ConfigError,
+from flows.cli import (
+    add_iteration_argument,
     checked_run_arguments,
-    prepare_run,
-    previous_group_models,
     resolve_hyper_params,
-    run_arguments,
+    run_command,
+    run_folder_arguments,
 )
 from nip_core.lm_server.launch import ensure_lm_server
 from nip_core.malt.evaluation import SPLITS, format_metrics
 from nip_core.parameters import HyperParameters
-from nip_core.run.artifacts import ArtifactError, RunPaths, default_root, read_json
+from nip_core.run.artifacts import RunPaths, default_root, read_json
 from nip_core.run.iteration_context import build_context
-from nip_core.run.lock import RunLockedError, lock_run_folder
+from nip_core.run.lock import lock_run_folder
+from nip_core.run.run_folder import ConfigError, prepare_run, previous_group_models
 from nip_core.run.tracking import log_evaluation, open_tracker
 from tasks.evaluate import evaluate_task
 
@@ -90,11 +90,13 @@ def require_previous_models(paths: RunPaths, iteration: int) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = run_arguments(
+    parser = run_folder_arguments(
         "python -m flows.evaluate",
         "Evaluate a run's current models with one sample per turn "
         "(verifier accuracy, precision, recall, decision rate, episode length).",
-        "0-based iteration whose models are evaluated (N after N iterations: final models)",
+    )
+    add_iteration_argument(
+        parser, "0-based iteration whose models are evaluated (N after N iterations: final models)"
     )
     parser.add_argument("--split", choices=SPLITS, default="test", help="dataset split")
     return parser.parse_args(argv)
@@ -102,7 +104,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
+
+    def check():
         hp, root, paths = checked_run_arguments(args)
         if args.split == "validation" and hp.text_rl.validation_fraction == 0:
             raise ConfigError(
@@ -110,10 +113,10 @@ def main(argv: list[str] | None = None) -> int:
                 "problems set aside)"
             )
         require_previous_models(paths, args.iteration)
-    except (ConfigError, ValueError, ArtifactError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
+        return root, paths
+
+    def run(checked) -> int:
+        root, paths = checked
         metrics = evaluate_flow(
             overrides=args.overrides,
             config=args.config,
@@ -123,12 +126,11 @@ def main(argv: list[str] | None = None) -> int:
             split=args.split,
             use_wandb=args.use_wandb,
         )
-    except (ConfigError, ArtifactError, RunLockedError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"artifacts: {paths.iteration_dir(args.iteration)}")
-    print(f"iteration {args.iteration} {format_metrics(metrics)}")
-    return 0
+        print(f"artifacts: {paths.iteration_dir(args.iteration)}")
+        print(f"iteration {args.iteration} {format_metrics(metrics)}")
+        return 0
+
+    return run_command(args, check, run)
 
 
 if __name__ == "__main__":

@@ -28,12 +28,8 @@ import pandas as pd
 import yaml
 from prefect import flow
 
-from flows.malt_iteration import (
-    ConfigError,
-    prepare_run,
-    run_folder_arguments,
-    run_iteration_stages,
-)
+from flows.cli import run_command, run_folder_arguments
+from flows.pipeline import iteration_subflow
 from nip_core.experiment.config import (
     BASE_RUN,
     ExperimentSettings,
@@ -47,9 +43,10 @@ from nip_core.experiment.report import summary_text
 from nip_core.lm_server.launch import ensure_lm_server
 from nip_core.parameters import HyperParameters
 from nip_core.parameters.loading import apply_overrides, read_params_file
-from nip_core.run.artifacts import ArtifactError, RunPaths, default_root
+from nip_core.run.artifacts import RunPaths, default_root
 from nip_core.run.iteration_context import build_context
-from nip_core.run.lock import RunLockedError, lock_run_folder
+from nip_core.run.lock import lock_run_folder
+from nip_core.run.run_folder import ConfigError, prepare_run
 from nip_core.run.tracking import open_tracker
 from tasks.experiment import (
     evaluate_iteration,
@@ -103,7 +100,7 @@ def run_arm(
         for iteration in range(settings.iterations):
             context = build_context(hp, arm, iteration, models_after(paths, iteration))
             started = time.monotonic()
-            run_iteration_stages(paths, context)
+            iteration_subflow(paths, context)
             record_timing(paths, iteration, time.monotonic() - started)
             evaluate_iteration(paths, hp, arm, iteration + 1, settings.evaluation_split, tracker)
     finally:
@@ -172,20 +169,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     root = args.artifacts_root or default_root()
-    try:
+
+    def check():
         resolve_experiment(args.config, args.overrides)
-        paths = RunPaths.open(root, args.run_name)
-    except (ConfigError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
+        return RunPaths.open(root, args.run_name)
+
+    def run(paths: RunPaths) -> int:
         rows = experiment_flow(args.overrides, args.config, args.run_name, root, args.use_wandb)
-    except (ConfigError, ArtifactError, RunLockedError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(summary_text(pd.DataFrame(rows)))
-    print(f"artifacts: {paths.run_dir} (experiment.html, summary.parquet, experiment.parquet)")
-    return 0
+        print(summary_text(pd.DataFrame(rows)))
+        print(f"artifacts: {paths.run_dir} (experiment.html, summary.parquet, experiment.parquet)")
+        return 0
+
+    return run_command(args, check, run)
 
 
 if __name__ == "__main__":

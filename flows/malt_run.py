@@ -10,24 +10,19 @@ when the configuration needs one and nothing answers on its port, is started onc
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from prefect import flow
 
-from flows.malt_iteration import (
-    ConfigError,
-    checked_run_arguments,
-    parse_args,
-    prepare_run,
-    previous_group_models,
-    resolve_hyper_params,
-    run_iteration_stages,
-)
+from flows.cli import checked_run_arguments, resolve_hyper_params, run_command, run_folder_arguments
+from flows.pipeline import iteration_subflow
 from nip_core.lm_server.launch import ensure_lm_server
 from nip_core.parameters import HyperParameters
-from nip_core.run.artifacts import ArtifactError, RunPaths, default_root
+from nip_core.run.artifacts import RunPaths, default_root
 from nip_core.run.iteration_context import build_context
-from nip_core.run.lock import RunLockedError, lock_run_folder
+from nip_core.run.lock import lock_run_folder
+from nip_core.run.run_folder import finished_iteration_stats, prepare_run, previous_group_models
 from nip_core.run.tracking import open_tracker
 
 
@@ -59,7 +54,7 @@ def run_all_iterations(
             context = build_context(
                 hp, run_name, iteration, previous_group_models(paths, iteration)
             )
-            stats = run_iteration_stages(paths, context, tracker)
+            stats = iteration_subflow(paths, context, tracker)  # one flow run per iteration
             print(f"iteration {iteration}: verifier accuracy {stats['verifier']['accuracy']}")
             results.append(stats)
         return results
@@ -69,20 +64,33 @@ def run_all_iterations(
             server.stop()
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = run_folder_arguments(
+        "python -m flows.malt_run",
+        "Run or resume a whole MALT run: rl.num_iterations iterations, each a subflow that "
+        "resumes from its own manifest.",
+    )
+    return parser.parse_args(argv)
+
+
+def all_iterations_finished(hp: HyperParameters, paths: RunPaths, run_name: str) -> bool:
+    return all(
+        finished_iteration_stats(paths, hp, run_name, i) is not None
+        for i in range(hp.rl.num_iterations)
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        _, root, paths = checked_run_arguments(args)
-    except (ConfigError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        malt_run(args.overrides, args.config, args.run_name, root, use_wandb=args.use_wandb)
-    except (ConfigError, ArtifactError, RunLockedError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"artifacts: {paths.run_dir}")
-    return 0
+
+    def run(checked) -> int:
+        hp, root, paths = checked
+        if not all_iterations_finished(hp, paths, args.run_name):  # else: nothing to start
+            malt_run(args.overrides, args.config, args.run_name, root, use_wandb=args.use_wandb)
+        print(f"artifacts: {paths.run_dir}")
+        return 0
+
+    return run_command(args, lambda: checked_run_arguments(args), run)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
+from flows.cli import resolve_hyper_params
 from flows.evaluate import main as evaluate_main
-from flows.malt_iteration import malt_iteration, resolve_hyper_params
+from flows.malt_iteration import malt_iteration
 from nip_core.episode import ACCEPT, Datapoint
 from nip_core.malt import schemas
 from nip_core.malt.evaluation import (

@@ -26,3 +26,112 @@ def test_nip_core_imports_neither_prefect_nor_tasks_nor_flows():
 def test_tasks_never_import_flows():
     for path in (REPO / "tasks").rglob("*.py"):
         assert "flows" not in imported_top_levels(path), path
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_modules() -> dict[str, Path]:
+    return {
+        module_name(p): p
+        for top in ("nip_core", "tasks", "flows")
+        for p in (REPO / top).rglob("*.py")
+    }
+
+
+def imported_modules(path: Path, known: set[str]) -> set[str]:
+    """Project modules `path` imports, at module level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            candidates = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            candidates = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        found.update(c for c in candidates if c in known)
+    return found
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in graph[node]:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def test_import_cycles_are_found():
+    assert import_cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles():
+    modules = project_modules()
+    graph = {name: imported_modules(path, set(modules)) - {name} for name, path in modules.items()}
+    assert import_cycles(graph) == []
+
+
+def test_flows_share_only_the_cli_and_the_pipeline():
+    """Entry-point flows are not a library: they import flows.cli / flows.pipeline only (the
+    `serve` command, which registers the flows as deployments, is the one exception)."""
+    shared = {"flows", "flows.cli", "flows.pipeline", "flows.prefect_defaults"}
+    modules = project_modules()
+    for name, path in modules.items():
+        if not name.startswith("flows.") or name == "flows.serve":
+            continue
+        other_flows = {m for m in imported_modules(path, set(modules)) if m.startswith("flows")}
+        assert other_flows <= shared, f"{name} imports {other_flows - shared}"
+
+
+def test_every_tasks_module_defines_a_task():
+    for path in (REPO / "tasks").glob("*.py"):
+        if path.name != "__init__.py":
+            assert "@task(" in path.read_text(), f"{path} defines no Prefect task"
+
+
+def test_nip_core_top_level_holds_packages_and_few_tiny_modules():
+    modules = [p for p in (REPO / "nip_core").glob("*.py") if p.name != "__init__.py"]
+    assert len(modules) <= 3, modules
+    for path in modules:
+        assert path.read_text().count("\n") <= 60, f"{path} is not tiny"
+
+
+def test_files_and_functions_stay_short():
+    for top in ("nip_core", "tasks", "flows"):
+        for path in (REPO / top).rglob("*.py"):
+            text = path.read_text()
+            assert text.count("\n") <= 400, f"{path}: {text.count(chr(10))} lines"
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    length = node.end_lineno - node.lineno + 1
+                    assert length <= 60, f"{path}:{node.lineno} {node.name}: {length} lines"

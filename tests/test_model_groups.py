@@ -11,19 +11,18 @@ import openai
 import pytest
 
 from nip_core.parameters.agents import PureTextAgentParameters
-from nip_core.training import model_groups as mg
-from nip_core.training.model_groups import (
+from nip_core.training import fine_tune_jobs as mg
+from nip_core.training.fine_tune_jobs import (
     DUMMY_JOB_ID,
     FROZEN_JOB_ID,
     INSUFFICIENT_DATA_JOB_ID,
     FineTuneJobError,
     GroupState,
-    SharedModelGroup,
-    build_groups,
     fine_tuning_client,
     job_key,
     job_suffix,
 )
+from nip_core.training.model_groups import SharedModelGroup, build_groups
 
 BASE = "gpt-4o-mini-2024-07-18"
 
@@ -98,8 +97,15 @@ def group(client=None, agents=("verifier",), **changes) -> SharedModelGroup:
     )
 
 
-def create(g: SharedModelGroup, rows: int = 12, method="dpo", key="run/0000/grp", suffix="s"):
-    return asyncio.run(g.create_fine_tune_job(method, b'{"a": 1}\n', rows, key=key, suffix=suffix))
+def create(
+    g: SharedModelGroup,
+    rows: int = 12,
+    method="dpo",
+    key="run/0000/grp",
+    suffix="s",
+    jsonl=b'{"a": 1}\n',
+):
+    return asyncio.run(g.create_fine_tune_job(method, jsonl, rows, key=key, suffix=suffix))
 
 
 # ---------------------------------------------------------------- local job ids
@@ -150,7 +156,13 @@ def test_create_uploads_the_data_and_submits_a_tagged_job():
         "dpo": {"hyperparameters": {"n_epochs": 3, "beta": 0.2}},
     }
     assert request["suffix"] == "run-it2-grp"
-    assert request["metadata"] == {"nip_job_key": "run/0002/grp", "nip_group": "grp"}
+    fingerprint = request["metadata"]["nip_training_fingerprint"]
+    assert len(fingerprint) == 16
+    assert request["metadata"] == {
+        "nip_job_key": f"run/0002/grp/{fingerprint}",
+        "nip_training_fingerprint": fingerprint,
+        "nip_group": "grp",
+    }
     assert "extra_body" not in request  # OpenAI gets no LoRA options
 
 
@@ -189,7 +201,52 @@ def test_a_restarted_group_reattaches_to_its_job():
     assert create(restarted, key="run/0001/grp") == first
     assert restarted.state.fine_tune_job_id == first
     assert len(client.jobs.created) == 2 and len(client.files.uploads) == 2
-    assert client.jobs.list_calls[-1]["metadata"] == {"nip_job_key": "run/0001/grp"}
+    fingerprint = client.jobs.created[0]["metadata"]["nip_training_fingerprint"]
+    assert client.jobs.list_calls[-1]["metadata"] == {"nip_job_key": f"run/0001/grp/{fingerprint}"}
+
+
+def test_same_key_other_training_data_or_settings_never_reattaches():
+    """Another run with the same name (other data, other settings) gets a job of its own."""
+    client = FakeClient()
+    first = create(group(client), key="run/0001/grp", jsonl=b'{"a": 1}\n')
+    other_data = create(group(client), key="run/0001/grp", jsonl=b'{"a": 2}\n')
+    other_settings = create(group(client, dpo_beta=0.5), key="run/0001/grp")
+    assert len({first, other_data, other_settings}) == 3
+    fingerprints = {job["metadata"]["nip_training_fingerprint"] for job in client.jobs.created}
+    assert len(fingerprints) == 3
+
+
+def test_reattaching_checks_the_fingerprint_in_the_metadata():
+    client = FakeClient()
+    first = create(group(client), key="run/0001/grp")
+    job = client.jobs.jobs[first]
+    job.metadata = {**job.metadata, "nip_training_fingerprint": "0" * 16}  # trained on other data
+    assert create(group(client), key="run/0001/grp") != first
+
+
+@pytest.mark.parametrize("status", ["failed", "cancelled"])
+def test_a_failed_job_is_replaced_and_remembered(status):
+    client = FakeClient()
+    first = create(group(client), key="run/0001/grp")
+    client.jobs.jobs[first].status = status
+    client.jobs.jobs[first].error = SimpleNamespace(code="oom", message="out of memory", param=None)
+    rerun = group(client)
+    second = create(rerun, key="run/0001/grp")
+    assert second != first and len(client.jobs.created) == 2
+    assert rerun.state.failed_jobs == [
+        {"job_id": first, "error": "Code: oom. Message: out of memory."}
+    ]
+    assert rerun.get_state()["failed_jobs"][0]["job_id"] == first
+    assert create(group(client), key="run/0001/grp") == second  # the new job is reused
+
+
+@pytest.mark.parametrize("status", ["queued", "running", "succeeded"])
+def test_a_live_or_finished_job_is_reattached(status):
+    client = FakeClient()
+    first = create(group(client), key="run/0001/grp")
+    client.jobs.jobs[first].status = status
+    assert create(group(client), key="run/0001/grp") == first
+    assert len(client.jobs.created) == 1
 
 
 def test_transient_errors_are_retried(monkeypatch):
@@ -304,6 +361,7 @@ def test_state_round_trip():
         "fine_tune_job_id": None,
         "fine_tuned_model_name": None,
         "skip_reason": None,
+        "failed_jobs": [],
     }
     g.set_state(GroupState("ftjob-9", "ft:m", None))
     other = group()

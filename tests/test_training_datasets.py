@@ -40,7 +40,7 @@ def test_fine_tune_stage_concatenates_every_iteration_so_far(prefect_harness, tm
     from nip_core.parameters import load_hyper_params
     from nip_core.run.artifacts import RunPaths
     from nip_core.run.iteration_context import build_context
-    from tasks.fine_tune import exported_datasets, training_data
+    from nip_core.training.fine_tune_stage import exported_datasets, training_data
 
     overrides = [
         "agents._default.use_dummy_api=true",

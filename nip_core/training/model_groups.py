@@ -13,61 +13,35 @@ import io
 import logging
 import re
 import time
-import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Literal
 
 import nip_core
-from nip_core.agents.clients import api_endpoint, provider_of
-from nip_core.agents.retry import RetryPolicy
+from nip_core.agents.clients import provider_of
+from nip_core.training.fine_tune_jobs import (
+    DUMMY_JOB_ID,
+    FINGERPRINT_FIELD,
+    FROZEN_JOB_ID,
+    GROUP_FIELD,
+    INSUFFICIENT_DATA_JOB_ID,
+    KEY_FIELD,
+    LOCAL_JOB_IDS,
+    STATUS_MAP,
+    FineTuneJobError,
+    GroupState,
+    JobStatus,
+    keyed,
+    reusable_and_failed,
+    training_fingerprint,
+    with_backoff,
+)
+from nip_core.training.nip_methods import NipMethodNames
 
 log = logging.getLogger(__name__)
 
-JobStatus = Literal["pending", "running", "succeeded", "failed", "cancelled", "not_found"]
-DUMMY_JOB_ID = "dummy_job_id"
-FROZEN_JOB_ID = "frozen_job_id"
-INSUFFICIENT_DATA_JOB_ID = "insufficient_data_job_id"
-_LOCAL_JOB_IDS = {DUMMY_JOB_ID, FROZEN_JOB_ID, INSUFFICIENT_DATA_JOB_ID}
-_STATUS_MAP = {
-    "validating_files": "pending",
-    "queued": "pending",
-    "running": "running",
-    "succeeded": "succeeded",
-    "failed": "failed",
-    "cancelled": "cancelled",
-}
 
-
-class FineTuneJobError(RuntimeError):
-    """A fine-tune job failed, was cancelled or vanished."""
-
-
-@dataclass
-class GroupState:
-    fine_tune_job_id: str | None = None
-    fine_tuned_model_name: str | None = None
-    skip_reason: str | None = None
-
-
-def job_key(run_name: str, iteration: int, group: str) -> str:
-    return f"{run_name}/{iteration:04d}/{group}"
-
-
-def job_suffix(run_name: str, iteration: int, group: str) -> str:
-    """A job name short enough for OpenAI's 64-character suffix limit (nip §8.21)."""
-    return f"{run_name}-it{iteration}-{group}"[-64:].lstrip("-")
-
-
-_API_RETRY = RetryPolicy(attempts=6, base_seconds=1.0, cap_seconds=60.0)
-
-
-async def with_backoff(call):
-    """`call()`, retried on rate-limit, quota and transient server/connection errors."""
-    return await _API_RETRY.call("fine-tuning API", call)
-
-
-class SharedModelGroup:
+class SharedModelGroup(NipMethodNames):
     """A group of agents sharing one model (OpenAI-compatible fine-tuning API)."""
 
     def __init__(
@@ -127,19 +101,9 @@ class SharedModelGroup:
 
     def set_state(self, state: GroupState | Mapping[str, Any]) -> None:
         data = asdict(state) if isinstance(state, GroupState) else dict(state)
-        self.state = GroupState(**{k: data.get(k) for k in asdict(GroupState())})
-
-    def get_state_dict(self) -> dict:
-        """nip's name for `get_state`: the group's state as a plain dict.
-
-        nip's `get_state` returns a state dataclass and `get_state_dict` a dict; ours both return
-        the dict `{fine_tune_job_id, fine_tuned_model_name, skip_reason}`.
-        """
-        return self.get_state()
-
-    def set_state_dict(self, state: GroupState | Mapping[str, Any]) -> None:
-        """The counterpart of `get_state_dict`: the same as `set_state` (missing keys -> None)."""
-        self.set_state(state)
+        defaults = asdict(GroupState())
+        self.state = GroupState(**{k: data.get(k, defaults[k]) for k in defaults})
+        self.state.failed_jobs = list(self.state.failed_jobs or [])
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -231,17 +195,32 @@ class SharedModelGroup:
             )
         return self.client
 
-    async def find_job(self, key: str) -> str | None:
-        """The id of an existing job created with this idempotency key, if any."""
+    async def find_job(self, key: str, fingerprint: str | None = None) -> str | None:
+        """The id of the newest job with this key (and training fingerprint) that has not
+        failed; jobs of the key that failed or were cancelled go to `state.failed_jobs`."""
         if self.client is None:
             return None
         page = await with_backoff(
-            lambda: self.client.fine_tuning.jobs.list(limit=100, metadata={"nip_job_key": key})
+            lambda: self.client.fine_tuning.jobs.list(limit=100, metadata={KEY_FIELD: key})
         )
-        for job in page.data:
-            if (job.metadata or {}).get("nip_job_key") == key:
-                return job.id
-        return None
+        reusable, failed = reusable_and_failed(page.data, key, fingerprint)
+        known = {entry["job_id"] for entry in self.state.failed_jobs}
+        for job in failed:
+            if job.id not in known:
+                self.state.failed_jobs.append({"job_id": job.id, "error": _error_text(job)})
+        return reusable
+
+    def _job_request(self, method: str, suffix: str, from_base_model: bool) -> dict[str, Any]:
+        """The job request without its training file and metadata (both added on submission)."""
+        from_base = from_base_model or self.params.fine_tune_from_scratch
+        request: dict[str, Any] = {
+            "model": self.base_model_name if from_base else self.model_name,
+            "method": {"type": method, method: {"hyperparameters": self._hyperparameters(method)}},
+            "suffix": suffix,
+        }
+        if provider_of(self.params).sends_lora_options:
+            request["extra_body"] = {"nip_training": self._training_extension()}
+        return request
 
     async def create_fine_tune_job(
         self,
@@ -256,13 +235,18 @@ class SharedModelGroup:
         """Submit (or re-attach to) this iteration's job; returns and records its id.
 
         The job trains the group's current model, or the base model when `from_base_model` or
-        the group's `fine_tune_from_scratch` is set.
+        the group's `fine_tune_from_scratch` is set. `key` is extended with the fingerprint of
+        the training data and settings, so only a job that trains the same re-attaches, and a
+        job that failed is replaced by a new one.
         """
         local = self._local_job(rows)
         if local is not None:
             self.state.fine_tune_job_id = local
             return local
-        existing = await self.find_job(key)
+        request = self._job_request(method, suffix, from_base_model)
+        fingerprint = training_fingerprint(request, jsonl)
+        full_key = keyed(key, fingerprint)
+        existing = await self.find_job(full_key, fingerprint)
         if existing is not None:
             log.info("group %s: re-attaching to existing job %s (%s)", self.name, existing, key)
             self.state.fine_tune_job_id = existing
@@ -273,80 +257,15 @@ class SharedModelGroup:
                 file=(f"{suffix}.jsonl", io.BytesIO(jsonl)), purpose="fine-tune"
             )
         )
-        from_base = from_base_model or self.params.fine_tune_from_scratch
-        base = self.base_model_name if from_base else self.model_name
-        request: dict[str, Any] = {
-            "model": base,
-            "training_file": upload.id,
-            "method": {"type": method, method: {"hyperparameters": self._hyperparameters(method)}},
-            "suffix": suffix,
-            "metadata": {"nip_job_key": key, "nip_group": self.name},
+        request["training_file"] = upload.id
+        request["metadata"] = {
+            KEY_FIELD: full_key,
+            FINGERPRINT_FIELD: fingerprint,
+            GROUP_FIELD: self.name,
         }
-        if provider_of(self.params).sends_lora_options:
-            request["extra_body"] = {"nip_training": self._training_extension()}
         job = await with_backoff(lambda: client.fine_tuning.jobs.create(**request))
         self.state.fine_tune_job_id = job.id
         return job.id
-
-    def _named_job_key_and_suffix(self, job_name: str | None, key: str | None) -> tuple[str, str]:
-        """The idempotency key and job suffix for the nip-named job methods."""
-        if key is None:
-            # same name, same group -> same job; no name -> a key no earlier job can have
-            key = f"{job_name}/{self.name}" if job_name else f"{self.name}/{uuid.uuid4().hex}"
-        suffix = (job_name or self.name)[-64:].lstrip("-") or self.name[-64:]
-        return key, suffix
-
-    async def create_dpo_fine_tune_job(
-        self,
-        jsonl: bytes,
-        rows: int,
-        job_name: str | None = None,
-        *,
-        key: str | None = None,
-        from_base_model: bool = False,
-    ) -> str:
-        """nip's name for a DPO job: `create_fine_tune_job("dpo", ...)`; returns the job id.
-
-        nip passes `positive_examples_per_agent` and `negative_examples_per_agent`
-        (NestedArrayDicts of sampled timesteps) and builds the dataset itself. Here the caller
-        passes the finished dataset instead: `jsonl`, OpenAI's preference-tuning JSONL (one
-        `{"input", "preferred_output", "non_preferred_output"}` object per line, as
-        `nip_core.malt.dataset_export.dpo_openai_jsonl` builds it for all the group's agents), and
-        `rows`, its number of lines (checked against the provider's minimum, as in nip).
-
-        `job_name` becomes the job's suffix (cut to OpenAI's 64 characters; the group name when
-        None). `key` is the idempotency key (see `create_fine_tune_job`); when None it is
-        `"<job_name>/<group>"`, so resubmitting the same name re-attaches to that job, or, with
-        no `job_name`, a fresh random key (never re-attaches).
-        """
-        key, suffix = self._named_job_key_and_suffix(job_name, key)
-        return await self.create_fine_tune_job(
-            "dpo", jsonl, rows, key=key, suffix=suffix, from_base_model=from_base_model
-        )
-
-    async def create_supervised_fine_tune_job(
-        self,
-        jsonl: bytes,
-        rows: int,
-        job_name: str | None = None,
-        *,
-        key: str | None = None,
-        from_base_model: bool = False,
-    ) -> str:
-        """nip's name for a supervised job: `create_fine_tune_job("supervised", ...)`.
-
-        nip passes `rollouts_per_agent` and `guess_replaced_rollouts` (NestedArrayDicts of
-        sampled rollouts, the latter with the verifier's guess replaced by the true label) and
-        builds the chat examples itself. Here `jsonl` is the finished OpenAI chat-format JSONL
-        (one `{"messages": [...]}` object per line, as `nip_core.malt.dataset_export.sft_openai_jsonl`
-        builds it, guess-replaced rollouts already included)
-        and `rows` its number of lines. `job_name`, `key` and `from_base_model` are as in
-        `create_dpo_fine_tune_job`. Returns the job id.
-        """
-        key, suffix = self._named_job_key_and_suffix(job_name, key)
-        return await self.create_fine_tune_job(
-            "supervised", jsonl, rows, key=key, suffix=suffix, from_base_model=from_base_model
-        )
 
     async def _job(self):
         client = self._api()
@@ -358,7 +277,7 @@ class SharedModelGroup:
         job_id = self.state.fine_tune_job_id
         if job_id is None:
             raise FineTuneJobError(f"group {self.name} has no fine-tune job")
-        if job_id in _LOCAL_JOB_IDS:
+        if job_id in LOCAL_JOB_IDS:
             return "succeeded"
         import openai
 
@@ -366,22 +285,17 @@ class SharedModelGroup:
             job = await self._job()
         except openai.NotFoundError:
             return "not_found"
-        if job.status not in _STATUS_MAP:
+        if job.status not in STATUS_MAP:
             raise FineTuneJobError(f"job {job_id}: unknown status {job.status!r}")
-        return _STATUS_MAP[job.status]  # type: ignore[return-value]
+        return STATUS_MAP[job.status]  # type: ignore[return-value]
 
     async def fine_tune_job_failed(self) -> bool:
         return await self.get_fine_tune_job_status() in ("failed", "cancelled", "not_found")
 
     async def get_fine_tune_job_error_repr(self) -> str:
-        if self.state.fine_tune_job_id in _LOCAL_JOB_IDS:
+        if self.state.fine_tune_job_id in LOCAL_JOB_IDS:
             return "no error"
-        job = await self._job()
-        error = job.error
-        if error is None:
-            return f"job {job.id} has status {job.status} and no error message"
-        text = f"Code: {error.code}. Message: {error.message}."
-        return text + (f" Parameter: {error.param}." if error.param else "")
+        return _error_text(await self._job())
 
     def _next_dummy_iteration(self) -> int:
         """One past the iteration in the current dummy model's name (0 if there is none)."""
@@ -419,6 +333,15 @@ class SharedModelGroup:
         return self.model_name
 
 
+def _error_text(job: Any) -> str:
+    """A job's error as one line (nip's `get_fine_tune_job_error_repr` format)."""
+    error = job.error
+    if error is None:
+        return f"job {job.id} has status {job.status} and no error message"
+    text = f"Code: {error.code}. Message: {error.message}."
+    return text + (f" Parameter: {error.param}." if error.param else "")
+
+
 def build_groups(
     groups: Mapping[str, Sequence[str]],
     agent_params: Mapping[str, Any],
@@ -438,20 +361,3 @@ def build_groups(
         )
         for name, agents in groups.items()
     }
-
-
-def fine_tuning_client(agent_params: Any) -> Any:
-    """An `openai.AsyncOpenAI` for the group's fine-tuning API (None for the dummy API)."""
-    if agent_params.use_dummy_api:
-        return None
-    import os
-
-    import openai
-
-    base_url, key_env = api_endpoint(agent_params)
-    key = os.environ.get(key_env or "", "")
-    if not key and provider_of(agent_params).key_required:
-        raise RuntimeError(
-            f"set {key_env} in the environment to fine-tune with {base_url or 'OpenAI'}"
-        )
-    return openai.AsyncOpenAI(base_url=base_url, api_key=key or "EMPTY", max_retries=0)

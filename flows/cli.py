@@ -1,0 +1,104 @@
+"""What every command shares: its options, the up-front checks, and how errors end a command.
+
+A command checks everything it can before anything is written or started; a user error
+(configuration, run folder, artifacts) ends it with one `error:` line and exit status 2. Other
+failures print their traceback as usual. `--debug` shows the traceback of user errors too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from nip_core.parameters import HyperParameters, load_hyper_params
+from nip_core.run.artifacts import ArtifactError, RunPaths, default_root
+from nip_core.run.lock import RunLockedError
+from nip_core.run.run_folder import ConfigError
+
+T = TypeVar("T")
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+# What a user can fix: each ends a command with one line and exit status 2 (before anything
+# runs, any ValueError of the checks counts too).
+USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, ArtifactError, RunLockedError)
+
+
+def resolve_hyper_params(config: str | None, overrides: list[str] | None) -> HyperParameters:
+    """The configuration file (default: `configs/default.yaml`) with the `--set` overrides."""
+    path = Path(config) if config else DEFAULT_CONFIG
+    try:
+        return load_hyper_params(path, list(overrides or []))
+    except (ValueError, KeyError, TypeError, FileNotFoundError, OSError) as e:
+        raise ConfigError(f"{path}: {e}") from e
+
+
+def run_folder_arguments(
+    prog: str,
+    description: str,
+    *,
+    config_help: str = f"YAML or JSON hyper-parameters (default: {DEFAULT_CONFIG})",
+    set_help: str = "dotted override, repeatable, e.g. --set agents.verifier.temperature=0.7",
+    run_name: str = "default",
+    run_name_help: str = "folder under the artifacts root",
+) -> argparse.ArgumentParser:
+    """The options of every command that writes a run folder: configuration, overrides, run
+    name, artifacts root, wandb and --debug."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--config", help=config_help)
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=set_help
+    )
+    parser.add_argument("--run-name", default=run_name, help=run_name_help)
+    parser.add_argument(
+        "--artifacts-root",
+        default=None,
+        help="root folder or fsspec URL (default: $NIP_ARTIFACTS_ROOT or ./artifacts)",
+    )
+    parser.add_argument(
+        "--no-wandb",
+        dest="use_wandb",
+        action="store_false",
+        help="do not track with wandb (default: offline wandb run under <run folder>/wandb, "
+        "or $WANDB_DIR when set)",
+    )
+    parser.add_argument(
+        "--debug", action="store_true", help="show tracebacks of configuration and input errors"
+    )
+    return parser
+
+
+def add_iteration_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument("--iteration", type=int, default=0, help=help_text)
+
+
+def checked_run_arguments(args: argparse.Namespace) -> tuple[HyperParameters, str, RunPaths]:
+    """What every run command checks before writing anything: (hyper-parameters, root, paths).
+
+    Raises ConfigError or ValueError (bad configuration, negative iteration, bad run name).
+    """
+    hp = resolve_hyper_params(args.config, args.overrides)
+    if getattr(args, "iteration", 0) < 0:
+        raise ConfigError(f"--iteration must be >= 0, got {args.iteration}")
+    root = args.artifacts_root or default_root()
+    return hp, root, RunPaths.open(root, args.run_name)
+
+
+def run_command(args: argparse.Namespace, check: Callable[[], T], run: Callable[[T], int]) -> int:
+    """`run(check())`'s exit status; a user error becomes one `error:` line and status 2."""
+    try:
+        checked = check()
+    except (*USER_ERRORS, ValueError) as e:
+        return _user_error(args, e)
+    try:
+        return run(checked)
+    except USER_ERRORS as e:
+        return _user_error(args, e)
+
+
+def _user_error(args: argparse.Namespace, error: BaseException) -> int:
+    if getattr(args, "debug", False):
+        raise error
+    print(f"error: {error}", file=sys.stderr)
+    return 2

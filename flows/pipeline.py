@@ -1,0 +1,94 @@
+"""The stage order of one iteration, shared by `malt_iteration`, `malt_run` and `experiment`.
+
+select-batch -> generate-rollouts -> estimate-rewards -> select-pairs -> export-datasets ->
+summarise -> [evaluate, per text_rl.test_scheme] -> fine-tune -> switch-model -> switch-guard
+-> publish-summary. Each task returns its result; each stage records itself in the iteration's
+manifest, so rerunning skips finished stages. `iteration_subflow` is the same as a Prefect
+subflow, so a multi-iteration run shows one flow run per iteration in the UI.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from nip_core.lm_server.launch import ensure_lm_server
+from nip_core.malt.evaluation import format_metrics, should_evaluate
+from nip_core.run.artifacts import RunPaths
+from nip_core.run.iteration_context import IterationContext
+from nip_core.run.tracking import Tracker, log_iteration
+from tasks.batch import select_batch_task
+from tasks.evaluate import evaluate_task
+from tasks.export import export_datasets_task
+from tasks.fine_tune import fine_tune_task, switch_model_task
+from tasks.pairs import select_pairs_task
+from tasks.prefect_artifacts import publish_summary_task
+from tasks.rewards import estimate_rewards_task
+from tasks.rollouts import generate_rollouts_task
+from tasks.summary import summarise_iteration_task
+from tasks.switch_guard import switch_guard_task
+
+
+def run_iteration_stages(
+    paths: RunPaths, context: IterationContext, tracker: Tracker | None = None
+) -> dict:
+    """All stages of one iteration; the caller holds the run-folder lock."""
+    server = ensure_lm_server(paths, context)
+    try:
+        select_batch_task(paths, context)
+        generate_rollouts_task(paths, context)
+        estimate_rewards_task(paths, context)
+        if not context.is_ei_iteration:
+            select_pairs_task(paths, context)
+        export_datasets_task(paths, context)
+        stats = summarise_iteration_task(paths, context)
+        hp = context.hyper_params
+        if should_evaluate(hp.text_rl.test_scheme, context.iteration, hp.rl.num_iterations):
+            stats["eval"] = evaluate_task(paths, context)
+        if tracker is not None:
+            log_iteration(tracker, stats, context.iteration)
+        fine_tune_task(paths, context)
+        candidates = switch_model_task(paths, context)
+        stats["models_after"] = switch_guard_task(paths, context, candidates)
+        publish_summary_task(paths, context, stats)
+        return stats
+    finally:
+        if server is not None:
+            server.stop()
+
+
+@flow(
+    name="iteration",
+    flow_run_name="{context.run_name}-iteration-{context.iteration}",
+    validate_parameters=False,
+    log_prints=True,
+)
+def iteration_subflow(paths: Any, context: Any, tracker: Any = None) -> dict:
+    """`run_iteration_stages` as a subflow: one flow run per iteration in the Prefect UI.
+    (Typed `Any`: Prefect builds a parameter schema from annotations, and a tracker is no
+    pydantic type.)"""
+    return run_iteration_stages(paths, context, tracker)
+
+
+def format_summary(paths: RunPaths, context: IterationContext, stats: dict) -> str:
+    verifier = stats["verifier"]
+    lines = [
+        f"artifacts: {paths.iteration_dir(context.iteration)}",
+        f"protocol {context.protocol.name}, {'EI (SFT)' if context.is_ei_iteration else 'MALT (DPO)'}"
+        f" iteration {context.iteration}: {stats['datapoints']} datapoints, "
+        f"{stats['nodes_per_datapoint']:.1f} nodes per datapoint",
+    ]
+    for agent, agent_stats in stats["agents"].items():
+        proportion = agent_stats["pair_proportion"]
+        lines.append(
+            f"  {agent}: {agent_stats['pairs']} pairs, pair proportion "
+            f"{'n/a' if proportion is None else f'{proportion:.3f}'}"
+        )
+    accuracy = verifier["accuracy"]
+    lines.append(f"  verifier accuracy: {'n/a' if accuracy is None else f'{accuracy:.3f}'}")
+    if stats.get("eval"):
+        lines.append(f"  {format_metrics(stats['eval'])}")
+    for group, model in stats.get("models_after", {}).items():
+        lines.append(f"  group {group} -> model {model}")
+    return "\n".join(lines)

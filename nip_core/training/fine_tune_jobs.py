@@ -1,0 +1,113 @@
+"""Fine-tune jobs on an OpenAI-compatible API: their identity, requests and statuses.
+
+A job's idempotency key names the run, iteration and group *and* a fingerprint of what it trains
+(the JSONL bytes, the model trained from, the method and every training setting). A rerun
+re-attaches to a pending, running or succeeded job with the same key, never to one trained on
+other data; a job that failed or was cancelled is never re-attached, so a rerun submits a new
+one (the failed job's id and error stay in the group's state).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from nip_core.agents.clients import api_endpoint, provider_of
+from nip_core.agents.retry import RetryPolicy
+
+log = logging.getLogger(__name__)
+
+JobStatus = Literal["pending", "running", "succeeded", "failed", "cancelled", "not_found"]
+DUMMY_JOB_ID = "dummy_job_id"
+FROZEN_JOB_ID = "frozen_job_id"
+INSUFFICIENT_DATA_JOB_ID = "insufficient_data_job_id"
+LOCAL_JOB_IDS = {DUMMY_JOB_ID, FROZEN_JOB_ID, INSUFFICIENT_DATA_JOB_ID}
+STATUS_MAP: dict[str, JobStatus] = {
+    "validating_files": "pending",
+    "queued": "pending",
+    "running": "running",
+    "succeeded": "succeeded",
+    "failed": "failed",
+    "cancelled": "cancelled",
+}
+KEY_FIELD, FINGERPRINT_FIELD, GROUP_FIELD = "nip_job_key", "nip_training_fingerprint", "nip_group"
+
+
+class FineTuneJobError(RuntimeError):
+    """A fine-tune job failed, was cancelled or vanished."""
+
+
+@dataclass
+class GroupState:
+    fine_tune_job_id: str | None = None
+    fine_tuned_model_name: str | None = None
+    skip_reason: str | None = None
+    # Jobs of this iteration that failed before the current one: [{"job_id", "error"}, ...]
+    failed_jobs: list[dict] = field(default_factory=list)
+
+
+def job_key(run_name: str, iteration: int, group: str) -> str:
+    """The readable part of a job's idempotency key; `keyed` adds the training fingerprint."""
+    return f"{run_name}/{iteration:04d}/{group}"
+
+
+def job_suffix(run_name: str, iteration: int, group: str) -> str:
+    """A job name short enough for OpenAI's 64-character suffix limit (nip §8.21)."""
+    return f"{run_name}-it{iteration}-{group}"[-64:].lstrip("-")
+
+
+def training_fingerprint(request: dict[str, Any], jsonl: bytes) -> str:
+    """16 hex digits identifying the training data and settings of a job request."""
+    settings = {k: v for k, v in request.items() if k not in ("training_file", "metadata")}
+    blob = json.dumps(settings, sort_keys=True, default=str).encode() + b"\0" + jsonl
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def keyed(key: str, fingerprint: str) -> str:
+    """The full idempotency key: `<run>/<iteration>/<group>/<fingerprint>`."""
+    return f"{key}/{fingerprint}"
+
+
+_API_RETRY = RetryPolicy(attempts=6, base_seconds=1.0, cap_seconds=60.0)
+
+
+async def with_backoff(call):
+    """`call()`, retried on rate-limit, quota and transient server/connection errors."""
+    return await _API_RETRY.call("fine-tuning API", call)
+
+
+def reusable_and_failed(jobs: list[Any], key: str, fingerprint: str) -> tuple[str | None, list]:
+    """(id of the newest job with this key and fingerprint that has not failed, the jobs that
+    failed or were cancelled). `jobs` come newest first, as the API lists them."""
+    reusable, failed = None, []
+    for job in jobs:
+        metadata = job.metadata or {}
+        if metadata.get(KEY_FIELD) != key:
+            continue
+        if metadata.get(FINGERPRINT_FIELD, fingerprint) != fingerprint:
+            log.warning("job %s has key %s but other training data; not re-attaching", job.id, key)
+            continue
+        if STATUS_MAP.get(job.status) in ("failed", "cancelled"):
+            failed.append(job)
+        elif reusable is None:
+            reusable = job.id
+    return reusable, failed
+
+
+def fine_tuning_client(agent_params: Any) -> Any:
+    """An `openai.AsyncOpenAI` for the group's fine-tuning API (None for the dummy API)."""
+    if agent_params.use_dummy_api:
+        return None
+    import openai
+
+    base_url, key_env = api_endpoint(agent_params)
+    key = os.environ.get(key_env or "", "")
+    if not key and provider_of(agent_params).key_required:
+        raise RuntimeError(
+            f"set {key_env} in the environment to fine-tune with {base_url or 'OpenAI'}"
+        )
+    return openai.AsyncOpenAI(base_url=base_url, api_key=key or "EMPTY", max_retries=0)

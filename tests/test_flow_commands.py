@@ -1,0 +1,98 @@
+"""The run commands as a user meets them: their own options, a finished iteration answered from
+its manifest, one subflow run per iteration, and WANDB_DIR honoured."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import flows.malt_iteration as malt_iteration_command
+from flows.malt_iteration import malt_iteration
+from flows.malt_run import malt_run
+from nip_core.parameters import HyperParameters
+from nip_core.run.artifacts import RunPaths
+from nip_core.run.tracking import open_tracker
+
+REPO = Path(__file__).resolve().parent.parent
+SMALL = [
+    "agents._default.use_dummy_api=true",
+    "rl.rollouts_per_iteration=4",
+    "text_rl.rollout_shard_size=2",
+    "interaction_protocol=solo_verifier",
+]
+
+
+def help_text(module: str) -> str:
+    return subprocess.run(
+        [sys.executable, "-m", module, "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+def test_malt_run_help_shows_only_its_own_options():
+    text = help_text("flows.malt_run")
+    assert text.startswith("usage: python -m flows.malt_run")
+    assert "--iteration" not in text
+    for option in ["--config", "--set", "--run-name", "--artifacts-root", "--no-wandb", "--debug"]:
+        assert option in text
+
+
+def test_a_finished_iteration_answers_from_its_manifest_without_a_flow_run(
+    prefect_harness, tmp_path, monkeypatch, capsys
+):
+    root = str(tmp_path)
+    first = malt_iteration(overrides=SMALL, run_name="done", artifacts_root=root, use_wandb=False)
+
+    def no_flow(**_):
+        raise AssertionError("a finished iteration must not start a flow run")
+
+    monkeypatch.setattr(malt_iteration_command, "malt_iteration", no_flow)
+    argv = ["--run-name", "done", "--artifacts-root", root, "--no-wandb"]
+    for override in SMALL:
+        argv += ["--set", override]
+    assert malt_iteration_command.main(argv) == 0
+    out = capsys.readouterr().out
+    for group, model in first["models_after"].items():
+        assert f"group {group} -> model {model}" in out
+    # A changed file means the iteration is not finished as recorded: the flow runs again.
+    nodes = tmp_path / "done" / "iterations" / "0000" / "nodes.parquet"
+    nodes.write_bytes(nodes.read_bytes() + b"x")
+    with pytest.raises(AssertionError, match="must not start"):
+        malt_iteration_command.main(argv)
+
+
+def test_malt_run_shows_one_subflow_run_per_iteration(prefect_harness, tmp_path):
+    from prefect.client.orchestration import get_client
+
+    malt_run(
+        overrides=[*SMALL, "rl.num_iterations=2"],
+        run_name="subflows",
+        artifacts_root=str(tmp_path),
+        use_wandb=False,
+    )
+
+    async def run_names() -> set[str]:
+        async with get_client() as client:
+            return {run.name for run in await client.read_flow_runs(limit=200)}
+
+    assert {"subflows-iteration-0", "subflows-iteration-1"} <= asyncio.run(run_names())
+
+
+def test_wandb_dir_is_honoured(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-here"))
+    (tmp_path / "wandb-here").mkdir()
+    paths = RunPaths.open(str(tmp_path / "root"), "exp")
+    tracker = open_tracker(paths, HyperParameters.construct_test_params(), "exp")
+    tracker.log({"a": 1.0}, 0)
+    tracker.finish()
+    assert list((tmp_path / "wandb-here").rglob("*.wandb"))
+    assert not (tmp_path / "root" / "exp" / "wandb").exists()
