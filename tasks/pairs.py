@@ -11,7 +11,7 @@ from nip_core.run.stages import run_stage
 from nip_core.seeding import stable_int
 
 
-def select_pairs(paths: RunPaths, context: IterationContext) -> dict:
+def run_pair_selection(paths: RunPaths, context: IterationContext) -> dict:
     malt = context.hyper_params.pure_text_malt
 
     def compute():
@@ -22,7 +22,7 @@ def select_pairs(paths: RunPaths, context: IterationContext) -> dict:
             rewards,
             context.agent_names,
             method=malt.pair_selection_method,
-            thresholds=context.thresholds,
+            reward_midpoints=context.reward_midpoints,
             reward_ranges=context.reward_ranges,
             interval_threshold_proportion=malt.interval_threshold_proportion,
             seed=stable_int("pairs", context.hyper_params.seed, context.iteration),
@@ -36,5 +36,5 @@ def select_pairs(paths: RunPaths, context: IterationContext) -> dict:
 
 @task(name="select-pairs")
 def select_pairs_task(paths: RunPaths, context: IterationContext) -> str:
-    select_pairs(paths, context)
+    run_pair_selection(paths, context)
     return paths.iteration_file(context.iteration, "pairs.parquet")

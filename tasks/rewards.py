@@ -16,7 +16,7 @@ def estimate_rewards(paths: RunPaths, context: IterationContext) -> dict:
         table = rewards_table(
             nodes,
             context.agent_names,
-            context.thresholds,
+            context.reward_midpoints,
             context.hyper_params.pure_text_malt.expected_reward_estimator,
         )
         path = paths.iteration_file(context.iteration, "rewards.parquet")

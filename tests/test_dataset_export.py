@@ -53,7 +53,9 @@ class Tree:
         self.ctx = ctx
         self.items = make_items(count)
         self.nodes = grow(ctx, self.items)
-        self.rewards = rewards_table(self.nodes, ctx.agent_names, ctx.thresholds, "monte_carlo")
+        self.rewards = rewards_table(
+            self.nodes, ctx.agent_names, ctx.reward_midpoints, "monte_carlo"
+        )
         self.export = export.ExportContext(
             ctx.protocol, ctx.agent_params, {it.batch_index: it for it in self.items}, ctx.iteration
         )
@@ -64,7 +66,7 @@ class Tree:
             self.rewards,
             self.ctx.agent_names,
             method="positive_negative",
-            thresholds=self.ctx.thresholds,
+            reward_midpoints=self.ctx.reward_midpoints,
             reward_ranges=self.ctx.reward_ranges,
             interval_threshold_proportion=0.1,
             seed=3,

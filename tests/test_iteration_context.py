@@ -22,7 +22,7 @@ def test_each_agent_is_its_own_group_by_default():
         "verifier": ("verifier",),
     }
     assert ctx.frozen_agents == frozenset()
-    assert ctx.thresholds == [0.5, 0.5, 0.0]
+    assert ctx.reward_midpoints == [0.5, 0.5, 0.0]
     assert ctx.reward_ranges == [(0.0, 1.0), (0.0, 1.0), (-1.0, 1.0)]
 
 

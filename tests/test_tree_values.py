@@ -161,7 +161,7 @@ def make_pairs(rows, method="positive_negative", proportion=0.1, seed=7):
         rewards,
         AGENTS,
         method=method,
-        thresholds=THRESHOLDS,
+        reward_midpoints=THRESHOLDS,
         reward_ranges=RANGES,
         interval_threshold_proportion=proportion,
         seed=seed,

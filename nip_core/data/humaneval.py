@@ -269,6 +269,33 @@ def build_table(
     return table.replace_schema_metadata(metadata)
 
 
+def grade_counts(built: Sequence[ProblemOutcome], seed: int) -> dict[str, dict[str, int]]:
+    """Per difficulty grade: problems with a mutant of that grade, per split, and those without."""
+    per_grade = {}
+    for grade in DIFFICULTIES:
+        kept = [o.problem.task_id for o in built if o.mutant(grade) is not None]
+        splits = [problem_split(task_id, seed) for task_id in kept]
+        per_grade[grade] = {
+            "problems": len(kept),
+            "problems_train": splits.count("train"),
+            "problems_test": splits.count("test"),
+            "no_failing_mutant": len(built) - len(kept),
+        }
+    return per_grade
+
+
+def grading_metadata() -> dict[str, object]:
+    """How mutants are graded by difficulty (recorded with the file)."""
+    return {
+        "grades": list(DIFFICULTIES),
+        "default": DEFAULT_DIFFICULTY,
+        "easy_stub_bodies": list(STUB_BODIES),
+        "medium_operators": list(MEDIUM_OPERATORS),
+        "medium_changes": sorted(MEDIUM_CHANGES),
+        "hard": "every other mutant of mutation_operators",
+    }
+
+
 def build_metadata(
     outcomes: Sequence[ProblemOutcome],
     rows: Sequence[dict[str, object]],
@@ -283,16 +310,7 @@ def build_metadata(
     file; `difficulties` has each grade's problems (= correct = buggy rows) per split.
     """
     built = [outcome for outcome in outcomes if outcome.status == "ok"]
-    per_grade = {}
-    for grade in DIFFICULTIES:
-        kept = [o.problem.task_id for o in built if o.mutant(grade) is not None]
-        splits = [problem_split(task_id, seed) for task_id in kept]
-        per_grade[grade] = {
-            "problems": len(kept),
-            "problems_train": splits.count("train"),
-            "problems_test": splits.count("test"),
-            "no_failing_mutant": len(built) - len(kept),
-        }
+    per_grade = grade_counts(built, seed)
     counts = {
         "problems_read": len(outcomes),
         "problems_kept": per_grade[DEFAULT_DIFFICULTY]["problems"],
@@ -305,14 +323,7 @@ def build_metadata(
         "rows_test": sum(row["split"] == "test" for row in rows),
         "difficulties": per_grade,
     }
-    grading = {
-        "grades": list(DIFFICULTIES),
-        "default": DEFAULT_DIFFICULTY,
-        "easy_stub_bodies": list(STUB_BODIES),
-        "medium_operators": list(MEDIUM_OPERATORS),
-        "medium_changes": sorted(MEDIUM_CHANGES),
-        "hard": "every other mutant of mutation_operators",
-    }
+    grading = grading_metadata()
     source = {
         "package": SOURCE_PACKAGE,
         "version": importlib.metadata.version(SOURCE_PACKAGE),

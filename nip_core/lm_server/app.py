@@ -97,14 +97,6 @@ def create_app(
     public_base = base_name or engine.models()[0]
     jobs = JobManager(engine, state, public_base, **job_opts)
 
-    def engine_name(model: Any) -> str:
-        if model == public_base:
-            return engine.models()[0]
-        if isinstance(model, str) and model in engine.models()[1:]:
-            return model
-        known = ", ".join([public_base, *engine.models()[1:]])
-        raise JobError(f"model {model!r} is not served here; available: {known}", 404, "model")
-
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         await engine.start()
@@ -117,7 +109,15 @@ def create_app(
 
     app = FastAPI(title="nip-malt language-model server", lifespan=lifespan)
     app.state.jobs = jobs
+    _add_auth_and_errors(app, token)
+    _add_model_routes(app, engine, jobs, public_base)
+    _add_file_routes(app, state)
+    _add_job_routes(app, jobs)
+    _add_adapter_routes(app, jobs)
+    return app
 
+
+def _add_auth_and_errors(app: FastAPI, token: str | None) -> None:
     @app.middleware("http")
     async def check_token(request: Request, call_next):
         if token and request.url.path != "/health":
@@ -133,6 +133,20 @@ def create_app(
     @app.exception_handler(AdapterError)
     async def adapter_error(_: Request, exc: AdapterError):
         return _error(400, str(exc), "lora_path")
+
+
+def _add_model_routes(
+    app: FastAPI, engine: InferenceEngine, jobs: JobManager, public_base: str
+) -> None:
+    """/health, /v1/models and /v1/chat/completions."""
+
+    def engine_name(model: Any) -> str:
+        if model == public_base:
+            return engine.models()[0]
+        if isinstance(model, str) and model in engine.models()[1:]:
+            return model
+        known = ", ".join([public_base, *engine.models()[1:]])
+        raise JobError(f"model {model!r} is not served here; available: {known}", 404, "model")
 
     @app.get("/health")
     async def health():
@@ -151,30 +165,37 @@ def create_app(
         body = await _json_body(request)
         chat_request = _chat_request(body, engine_name(body.get("model")))
         choices = await engine.chat(chat_request)
-        prompt_text = "\n".join(m["content"] for m in chat_request.messages)
-        completion = sum(_count_tokens(engine, c.text) for c in choices)
-        prompt = _count_tokens(engine, prompt_text)
-        return {
-            "id": f"chatcmpl-{secrets.token_hex(12)}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body["model"],
-            "choices": [
-                {
-                    "index": i,
-                    "message": {"role": "assistant", "content": c.text},
-                    "finish_reason": c.finish_reason,
-                    "logprobs": None,
-                }
-                for i, c in enumerate(choices)
-            ],
-            "usage": {
-                "prompt_tokens": prompt,
-                "completion_tokens": completion,
-                "total_tokens": prompt + completion,
-            },
-        }
+        return _completion(engine, body["model"], chat_request, choices)
 
+
+def _completion(engine: InferenceEngine, model: str, request: ChatRequest, choices: list) -> dict:
+    """The OpenAI `chat.completion` object for `choices`, with token usage."""
+    prompt_text = "\n".join(m["content"] for m in request.messages)
+    completion = sum(_count_tokens(engine, c.text) for c in choices)
+    prompt = _count_tokens(engine, prompt_text)
+    return {
+        "id": f"chatcmpl-{secrets.token_hex(12)}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": c.text},
+                "finish_reason": c.finish_reason,
+                "logprobs": None,
+            }
+            for i, c in enumerate(choices)
+        ],
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        },
+    }
+
+
+def _add_file_routes(app: FastAPI, state: StateDir) -> None:
     @app.post("/v1/files")
     async def upload(file: UploadFile, request: Request):
         form = await request.form()
@@ -190,6 +211,8 @@ def create_app(
             raise JobError(f"file {file_id!r} not found", 404, "file_id")
         return meta
 
+
+def _add_job_routes(app: FastAPI, jobs: JobManager) -> None:
     @app.post("/v1/fine_tuning/jobs")
     async def create_job(request: Request):
         return await jobs.create(await _json_body(request))
@@ -217,6 +240,10 @@ def create_app(
         data, more = jobs.events(job_id, limit=limit, after=after)
         return {"object": "list", "data": data, "has_more": more}
 
+
+def _add_adapter_routes(app: FastAPI, jobs: JobManager) -> None:
+    """vLLM's runtime LoRA endpoints."""
+
     @app.post("/v1/load_lora_adapter")
     async def load_lora(request: Request):
         body = await _json_body(request)
@@ -233,8 +260,6 @@ def create_app(
             raise JobError("lora_name is a required string", 400, "lora_name")
         await jobs.unload_adapter(name)
         return {"status": "ok", "message": f"LoRA adapter {name!r} unloaded"}
-
-    return app
 
 
 def _lookup(getter, key: str):

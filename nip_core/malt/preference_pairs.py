@@ -82,6 +82,39 @@ def is_positive(value: np.ndarray, threshold: np.ndarray) -> np.ndarray:
     return value >= as_agent_vector(threshold, value.shape[1], "threshold")[None, :]
 
 
+def _check_choices(method: str, pairs_per_parent: str) -> None:
+    if method not in PAIR_METHODS:
+        raise ValueError(f"unknown pair method {method!r}; expected one of {PAIR_METHODS}")
+    if pairs_per_parent not in PAIRS_PER_PARENT:
+        raise ValueError(
+            f"pairs_per_parent must be one of {PAIRS_PER_PARENT}, got {pairs_per_parent!r}"
+        )
+
+
+def _family_inputs(
+    parent, value, acted, node_key, threshold, reward_min, reward_max, proportion
+) -> tuple[_Family, np.ndarray, np.ndarray]:
+    """Checked inputs as (sibling families, per-agent mid-points, per-agent minimum gaps)."""
+    n = parent.size
+    value = as_node_matrix(value, n, "value", np.float64)
+    acted = as_node_matrix(acted, n, "acted", np.bool_)
+    if acted.shape != value.shape:
+        raise ValueError(f"acted has shape {acted.shape} but value has {value.shape}")
+    n_agents = value.shape[1]
+    keys = as_node_keys(node_key, n)
+    thr = as_agent_vector(threshold, n_agents, "threshold")
+    gap = _min_gaps(reward_min, reward_max, proportion, n_agents)
+    nodes, buckets = sibling_buckets(parent, non_roots(parent), min_size=2)
+    family = _Family(
+        nodes=nodes,
+        buckets=buckets,
+        value=_agent_rows(value, nodes),
+        acted=_agent_rows(acted, nodes),
+        key=keys[nodes],
+    )
+    return family, thr, gap
+
+
 def select_pairs(
     parent: np.ndarray,
     value: np.ndarray,
@@ -116,31 +149,13 @@ def select_pairs(
         `Pairs` sorted by (agent, parent): exactly one pair for every (parent, agent) that
         admits one (`"one"`), or all of them in sibling order (`"all"`), none for the others.
     """
-    if method not in PAIR_METHODS:
-        raise ValueError(f"unknown pair method {method!r}; expected one of {PAIR_METHODS}")
-    if pairs_per_parent not in PAIRS_PER_PARENT:
-        raise ValueError(
-            f"pairs_per_parent must be one of {PAIRS_PER_PARENT}, got {pairs_per_parent!r}"
-        )
+    _check_choices(method, pairs_per_parent)
     parent = as_parent_array(parent)
-    n = parent.size
-    value = as_node_matrix(value, n, "value", np.float64)
-    acted = as_node_matrix(acted, n, "acted", np.bool_)
-    if acted.shape != value.shape:
-        raise ValueError(f"acted has shape {acted.shape} but value has {value.shape}")
-    n_agents = value.shape[1]
-    keys = as_node_keys(node_key, n)
-    thr = as_agent_vector(threshold, n_agents, "threshold")
-    gap = _min_gaps(reward_min, reward_max, interval_threshold_proportion, n_agents)
+    family, thr, gap = _family_inputs(
+        parent, value, acted, node_key, threshold, reward_min, reward_max,
+        interval_threshold_proportion,
+    )  # fmt: skip
     seed_base(seed)  # validate even when no draw is needed
-    nodes, buckets = sibling_buckets(parent, non_roots(parent), min_size=2)
-    family = _Family(
-        nodes=nodes,
-        buckets=buckets,
-        value=_agent_rows(value, nodes),
-        acted=_agent_rows(acted, nodes),
-        key=keys[nodes],
-    )
     if pairs_per_parent == "all":
         return _every_pair(family, method, thr, gap)
     if method == "positive_negative":

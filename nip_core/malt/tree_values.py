@@ -63,7 +63,7 @@ def node_keys(nodes: pa.Table) -> np.ndarray:
 def rewards_table(
     nodes: pa.Table,
     agent_names: Sequence[str],
-    thresholds: Sequence[float],
+    reward_midpoints: Sequence[float],
     estimator: str,
 ) -> pa.Table:
     """One row per (node, agent): step reward, expected reward, threshold, positivity."""
@@ -72,7 +72,7 @@ def rewards_table(
     step = _agent_matrix(nodes, "step_rewards", agent_names, "reward")
     acted = _agent_matrix(nodes, "acted", agent_names, None)
     value = expected_rewards(parent, depth, step, method=estimator)
-    threshold = np.asarray(thresholds, dtype=np.float64)
+    threshold = np.asarray(reward_midpoints, dtype=np.float64)
     positive = is_positive(value, threshold)
     n, a = value.shape
     return pa.table(
@@ -97,7 +97,7 @@ def pairs_table(
     agent_names: Sequence[str],
     *,
     method: str,
-    thresholds: Sequence[float],
+    reward_midpoints: Sequence[float],
     reward_ranges: Sequence[tuple[float, float]],
     interval_threshold_proportion: float,
     seed: int,
@@ -113,7 +113,7 @@ def pairs_table(
         value,
         acted,
         method=method,
-        threshold=np.asarray(thresholds, dtype=np.float64),
+        threshold=np.asarray(reward_midpoints, dtype=np.float64),
         reward_min=ranges[:, 0],
         reward_max=ranges[:, 1],
         interval_threshold_proportion=interval_threshold_proportion,

@@ -1,7 +1,7 @@
 """Everything an iteration's stages derive from the configuration, computed once.
 
 Pure: from hyper-parameters (and the models the previous iteration switched to) to the protocol,
-agent order, thresholds, reward ranges, model groups and which agents are frozen.
+agent order, reward mid-points, reward ranges, model groups and which agents are frozen.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class IterationContext:
         return self.protocol.agent_names
 
     @property
-    def thresholds(self) -> list[float]:
+    def reward_midpoints(self) -> list[float]:
         return [reward_mid_point(self.protocol, a) for a in self.agent_names]
 
     @property
