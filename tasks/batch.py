@@ -10,6 +10,7 @@ from nip_core.malt.batching import iteration_positions
 from nip_core.malt.rollout_tree import BatchItem, batch_table
 from nip_core.run.artifacts import RunPaths, write_parquet
 from nip_core.run.iteration_context import IterationContext
+from nip_core.run.iteration_files import BATCH_FILE
 from nip_core.run.stages import run_stage
 from nip_core.seeding import episode_seed
 
@@ -31,9 +32,9 @@ def select_batch_task(paths: RunPaths, context: IterationContext) -> str:
     def compute():
         items = select_batch(context)
         digest = write_parquet(
-            paths.fs, paths.iteration_file(context.iteration, "batch.parquet"), batch_table(items)
+            paths.fs, paths.iteration_file(context.iteration, BATCH_FILE), batch_table(items)
         )
-        return {"batch.parquet": digest}, {"datapoints": len(items)}
+        return {BATCH_FILE: digest}, {"datapoints": len(items)}
 
     run_stage(paths, context, "batch", compute)
-    return paths.iteration_file(context.iteration, "batch.parquet")
+    return paths.iteration_file(context.iteration, BATCH_FILE)

@@ -19,6 +19,7 @@ from nip_core.parameters import HyperParameters
 from nip_core.run.artifacts import RunPaths, read_json, read_parquet, write_bytes, write_json
 from nip_core.run.artifacts import write_parquet as write_arrow
 from nip_core.run.iteration_context import build_context
+from nip_core.run.iteration_files import NODES_FILE
 from nip_core.run.tracking import Tracker, log_evaluation
 from tasks.evaluate import evaluate_task
 
@@ -58,7 +59,7 @@ def evaluation_rows(paths: RunPaths, arm: str, iteration: int, split: str) -> pd
 
 def training_model_calls(paths: RunPaths, iteration: int) -> int:
     """Responses sampled for training in an iteration (one per agent turn in its trees)."""
-    nodes = read_parquet(paths.fs, paths.iteration_file(iteration, "nodes.parquet"))
+    nodes = read_parquet(paths.fs, paths.iteration_file(iteration, NODES_FILE))
     return int(sum(len(acted) for acted in nodes.column("acted").to_pylist()))
 
 

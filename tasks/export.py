@@ -14,6 +14,7 @@ from nip_core.malt import dataset_export as export
 from nip_core.malt.rollout_tree import batch_items
 from nip_core.run.artifacts import RunPaths, jsonl_bytes, read_parquet, write_bytes, write_parquet
 from nip_core.run.iteration_context import IterationContext
+from nip_core.run.iteration_files import BATCH_FILE, NODES_FILE, PAIRS_FILE, REWARDS_FILE
 from nip_core.run.stages import run_stage
 
 
@@ -23,12 +24,12 @@ def export_datasets(paths: RunPaths, context: IterationContext) -> dict:
 
     def compute():
         read = lambda name: read_parquet(paths.fs, paths.iteration_file(it, name))  # noqa: E731
-        nodes, rewards = read("nodes.parquet"), read("rewards.parquet")
-        items = {item.batch_index: item for item in batch_items(read("batch.parquet"))}
+        nodes, rewards = read(NODES_FILE), read(REWARDS_FILE)
+        items = {item.batch_index: item for item in batch_items(read(BATCH_FILE))}
         ctx = export.ExportContext(context.protocol, context.agent_params, items, it)
         files, info = {}, {}
         if not context.is_ei_iteration:
-            pairs = read("pairs.parquet")
+            pairs = read(PAIRS_FILE)
         for group, agents in context.trainable_groups.items():
             if context.is_ei_iteration:
                 kind = "sft"

@@ -7,6 +7,7 @@ from prefect import task
 from nip_core.malt.tree_values import pairs_table
 from nip_core.run.artifacts import RunPaths, read_parquet, write_parquet
 from nip_core.run.iteration_context import IterationContext
+from nip_core.run.iteration_files import NODES_FILE, PAIRS_FILE, REWARDS_FILE
 from nip_core.run.stages import run_stage
 from nip_core.seeding import stable_int
 
@@ -15,8 +16,8 @@ def run_pair_selection(paths: RunPaths, context: IterationContext) -> dict:
     malt = context.hyper_params.pure_text_malt
 
     def compute():
-        nodes = read_parquet(paths.fs, paths.iteration_file(context.iteration, "nodes.parquet"))
-        rewards = read_parquet(paths.fs, paths.iteration_file(context.iteration, "rewards.parquet"))
+        nodes = read_parquet(paths.fs, paths.iteration_file(context.iteration, NODES_FILE))
+        rewards = read_parquet(paths.fs, paths.iteration_file(context.iteration, REWARDS_FILE))
         table = pairs_table(
             nodes,
             rewards,
@@ -28,7 +29,7 @@ def run_pair_selection(paths: RunPaths, context: IterationContext) -> dict:
             seed=stable_int("pairs", context.hyper_params.seed, context.iteration),
             pairs_per_parent=malt.pairs_per_parent,
         )
-        path = paths.iteration_file(context.iteration, "pairs.parquet")
+        path = paths.iteration_file(context.iteration, PAIRS_FILE)
         return {"pairs.parquet": write_parquet(paths.fs, path, table)}, {"pairs": table.num_rows}
 
     return run_stage(paths, context, "pairs", compute)
@@ -37,4 +38,4 @@ def run_pair_selection(paths: RunPaths, context: IterationContext) -> dict:
 @task(name="select-pairs")
 def select_pairs_task(paths: RunPaths, context: IterationContext) -> str:
     run_pair_selection(paths, context)
-    return paths.iteration_file(context.iteration, "pairs.parquet")
+    return paths.iteration_file(context.iteration, PAIRS_FILE)

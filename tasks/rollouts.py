@@ -27,6 +27,7 @@ from nip_core.run.artifacts import (
     write_parquet,
 )
 from nip_core.run.iteration_context import IterationContext
+from nip_core.run.iteration_files import BATCH_FILE, CALL_JOURNAL_FILE, NODES_FILE
 from nip_core.run.stages import run_stage
 from tasks import TRANSIENT_RETRY
 from tasks.prefect_artifacts import rollout_progress
@@ -101,13 +102,11 @@ async def _grow_shards(paths, context, settings, shards, progress) -> None:
 
 def grow_all_trees(paths: RunPaths, context: IterationContext, progress=None) -> dict:
     hp = context.hyper_params
-    items = batch_items(
-        read_parquet(paths.fs, paths.iteration_file(context.iteration, "batch.parquet"))
-    )
+    items = batch_items(read_parquet(paths.fs, paths.iteration_file(context.iteration, BATCH_FILE)))
     size = hp.text_rl.rollout_shard_size
     shards = [items[i : i + size] for i in range(0, len(items), size)]
     journal = (
-        Path(paths.iteration_file(context.iteration, "calls.jsonl")) if paths.is_local else None
+        Path(paths.iteration_file(context.iteration, CALL_JOURNAL_FILE)) if paths.is_local else None
     )
 
     def compute():
@@ -121,15 +120,13 @@ def grow_all_trees(paths: RunPaths, context: IterationContext, progress=None) ->
             for i in range(len(shards))
         ]
         nodes = pa.concat_tables(tables)
-        digest = write_parquet(
-            paths.fs, paths.iteration_file(context.iteration, "nodes.parquet"), nodes
-        )
+        digest = write_parquet(paths.fs, paths.iteration_file(context.iteration, NODES_FILE), nodes)
         replayed = sum(
             c.replayed
             for c in {id(c): c for c in clients.values()}.values()
             if isinstance(c, JournaledClient)
         )
-        return {"nodes.parquet": digest}, {
+        return {NODES_FILE: digest}, {
             "nodes": nodes.num_rows,
             "shards": len(shards),
             "replayed_calls": replayed,
@@ -147,4 +144,4 @@ def grow_all_trees(paths: RunPaths, context: IterationContext, progress=None) ->
 def generate_rollouts_task(paths: RunPaths, context: IterationContext) -> str:
     with rollout_progress(context) as progress:
         grow_all_trees(paths, context, progress=progress)
-    return paths.iteration_file(context.iteration, "nodes.parquet")
+    return paths.iteration_file(context.iteration, NODES_FILE)

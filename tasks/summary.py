@@ -7,6 +7,7 @@ from prefect import task
 from nip_core.malt.iteration_stats import iteration_stats
 from nip_core.run.artifacts import RunPaths, load_manifest, read_parquet, save_manifest
 from nip_core.run.iteration_context import IterationContext
+from nip_core.run.iteration_files import NODES_FILE, PAIRS_FILE, REWARDS_FILE
 from nip_core.run.stages import run_stage
 
 
@@ -15,10 +16,8 @@ def summarise_iteration(paths: RunPaths, context: IterationContext) -> dict:
 
     def compute():
         read = lambda name: read_parquet(paths.fs, paths.iteration_file(it, name))  # noqa: E731
-        pairs = None if context.is_ei_iteration else read("pairs.parquet")
-        stats = iteration_stats(
-            read("nodes.parquet"), read("rewards.parquet"), pairs, context.agent_names
-        )
+        pairs = None if context.is_ei_iteration else read(PAIRS_FILE)
+        stats = iteration_stats(read(NODES_FILE), read(REWARDS_FILE), pairs, context.agent_names)
         return {}, stats
 
     stats = run_stage(paths, context, "summary", compute)["info"]

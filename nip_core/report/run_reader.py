@@ -25,6 +25,7 @@ from fsspec.implementations.local import LocalFileSystem
 from nip_core.episode import DECISION_NAMES, Turn
 from nip_core.malt.rollout_tree import history, path_to_node, turns_by_node
 from nip_core.run.artifacts import ArtifactError, RunPaths, read_json, read_parquet
+from nip_core.run.iteration_files import BATCH_FILE, NODES_FILE, PAIRS_FILE, REWARDS_FILE
 
 TRANSCRIPT_COLUMNS = ["node_id", "round", "agent", "channel", "content", "decision"]
 
@@ -147,16 +148,16 @@ class RunView:
         return flatten_stats({i: self.manifest(i) for i in self.iterations})
 
     def batch(self, iteration: int) -> pd.DataFrame:
-        return self._frame(iteration, "batch.parquet", "select-batch")
+        return self._frame(iteration, BATCH_FILE, "select-batch")
 
     def nodes(self, iteration: int) -> pd.DataFrame:
-        return self._frame(iteration, "nodes.parquet", "generate-rollouts")
+        return self._frame(iteration, NODES_FILE, "generate-rollouts")
 
     def rewards(self, iteration: int) -> pd.DataFrame:
-        return self._frame(iteration, "rewards.parquet", "estimate-rewards")
+        return self._frame(iteration, REWARDS_FILE, "estimate-rewards")
 
     def pairs(self, iteration: int) -> pd.DataFrame:
-        return self._frame(iteration, "pairs.parquet", "select-pairs (none in an EI iteration)")
+        return self._frame(iteration, PAIRS_FILE, "select-pairs (none in an EI iteration)")
 
     def eval(self, iteration: int) -> pd.DataFrame:
         return self._frame(iteration, "eval.parquet", "test (evaluation)")
@@ -226,7 +227,7 @@ class RunView:
 
     def _turn_index(self, iteration: int) -> dict[str, tuple[str | None, Turn | None]]:
         self.nodes(iteration)  # clear error when missing
-        return turns_by_node(self._table(iteration, "nodes.parquet"))
+        return turns_by_node(self._table(iteration, NODES_FILE))
 
 
 def open_run(path: str) -> RunView:
