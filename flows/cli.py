@@ -13,10 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import yaml
+
 from nip_core.parameters import HyperParameters, load_hyper_params
 from nip_core.run.artifacts import ArtifactError, RunPaths, default_root
 from nip_core.run.lock import RunLockedError
-from nip_core.run.run_folder import ConfigError
+from nip_core.run.run_folder import ConfigError, preflight
 
 T = TypeVar("T")
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
@@ -30,8 +32,13 @@ def resolve_hyper_params(config: str | None, overrides: list[str] | None) -> Hyp
     path = Path(config) if config else DEFAULT_CONFIG
     try:
         return load_hyper_params(path, list(overrides or []))
-    except (ValueError, KeyError, TypeError, FileNotFoundError, OSError) as e:
-        raise ConfigError(f"{path}: {e}") from e
+    except (ValueError, KeyError, TypeError, OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: {_one_line(e)}") from e
+
+
+def _one_line(error: BaseException) -> str:
+    """A parser's multi-line message (YAML marks the spot over several lines) as one line."""
+    return " ".join(str(error).split())
 
 
 def run_folder_arguments(
@@ -76,13 +83,15 @@ def add_iteration_argument(parser: argparse.ArgumentParser, help_text: str) -> N
 def checked_run_arguments(args: argparse.Namespace) -> tuple[HyperParameters, str, RunPaths]:
     """What every run command checks before writing anything: (hyper-parameters, root, paths).
 
-    Raises ConfigError or ValueError (bad configuration, negative iteration, bad run name).
+    Raises ConfigError or ValueError: a bad configuration, a negative iteration, a bad run
+    name, a run folder holding another configuration, an artifacts root that cannot be
+    written, a dataset that cannot be read.
     """
     hp = resolve_hyper_params(args.config, args.overrides)
     if getattr(args, "iteration", 0) < 0:
         raise ConfigError(f"--iteration must be >= 0, got {args.iteration}")
     root = args.artifacts_root or default_root()
-    return hp, root, RunPaths.open(root, args.run_name)
+    return hp, root, preflight(hp, root, args.run_name)
 
 
 def run_command(args: argparse.Namespace, check: Callable[[], T], run: Callable[[T], int]) -> int:

@@ -46,7 +46,7 @@ from nip_core.parameters.loading import apply_overrides, read_params_file
 from nip_core.run.artifacts import RunPaths, default_root
 from nip_core.run.iteration_context import build_context
 from nip_core.run.lock import lock_run_folder
-from nip_core.run.run_folder import ConfigError, prepare_run
+from nip_core.run.run_folder import ConfigError, check_writable, prepare_run
 from nip_core.run.tracking import open_tracker
 from tasks.experiment import (
     evaluate_iteration,
@@ -172,7 +172,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def check():
         resolve_experiment(args.config, args.overrides)
-        return RunPaths.open(root, args.run_name)
+        paths = RunPaths.open(root, args.run_name)
+        if paths.is_local:
+            check_writable(Path(paths.run_dir))
+        return paths
 
     def run(paths: RunPaths) -> int:
         rows = experiment_flow(args.overrides, args.config, args.run_name, root, args.use_wandb)

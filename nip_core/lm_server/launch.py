@@ -53,6 +53,14 @@ def self_hosted_endpoint(context: IterationContext) -> tuple[str, str, int] | No
     return None
 
 
+def vllm_port(context: IterationContext) -> int:
+    """The `vllm_server_port` of the first self-hosted agent (nip's port of the vLLM server)."""
+    for params in context.agent_params.values():
+        if provider_of(params).self_hosted and not params.use_dummy_api:
+            return params.vllm_server_port
+    raise ValueError("no self-hosted agent in this run")
+
+
 def is_up(url: str) -> bool:
     try:
         return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
@@ -73,11 +81,13 @@ def ensure_lm_server(
     if host not in ("127.0.0.1", "localhost", "::1"):
         raise RuntimeError(f"the language-model server at {url} does not answer; start it there")
     state_dir = Path(paths.run_dir) / "lm_server" if paths.is_local else None
+    engine = os.environ.get(ENGINE_ENV, "transformers")
     command = [
         sys.executable, "-m", "nip_core.lm_server",
-        "--engine", os.environ.get(ENGINE_ENV, "transformers"),
-        "--host", "127.0.0.1", "--port", str(port),
+        "--engine", engine, "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
+    if engine == "vllm":  # the agent's `vllm_server_port`: where our server runs its vLLM child
+        command += ["--vllm-port", str(vllm_port(context))]
     if state_dir is not None:
         state_dir.mkdir(parents=True, exist_ok=True)
         command += ["--state-dir", str(state_dir)]

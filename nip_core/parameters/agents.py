@@ -64,6 +64,28 @@ class AgentParameters(BaseParameters):
             raise ValueError(f"is_random={flag!r} does not match {cls.__name__}")
         return super()._from_checked_dict(params_dict, kwargs)
 
+    # Kept from the current agent when loading another run's agent settings (as in nip).
+    LOAD_PRESERVED_PARAMETERS: ClassVar[tuple[str, ...]] = (
+        "load_checkpoint_and_parameters",
+        "checkpoint_entity",
+        "checkpoint_project",
+        "checkpoint_run_id",
+        "checkpoint_version",
+    )
+
+    def load_from_wandb_config(self, wandb_config: Mapping[str, Any]) -> Self:
+        """These parameters updated from an agent's settings as a wandb run config stores them.
+
+        nip updates the agent in place; ours are frozen, so this returns a new, validated
+        agent. Checkpoint fields stay as they are; keys that are not fields (`_type`,
+        `is_random`, ...) are ignored, except that `is_random` must match.
+        """
+        flag = wandb_config.get("is_random", self.is_random)
+        if flag != self.is_random:
+            raise ValueError(f"is_random={flag!r} does not match {type(self).__name__}")
+        names = {f.name for f in dataclasses.fields(self)} - set(self.LOAD_PRESERVED_PARAMETERS)
+        return dataclasses.replace(self, **{k: v for k, v in wandb_config.items() if k in names})
+
 
 @register_parameter_class
 @dataclass(frozen=True)

@@ -155,7 +155,13 @@ def _text_rl_rules(p: Any) -> None:
 
 @rule("RlTrainerParameters")
 def _rl_rules(p: Any) -> None:
-    _require(p.learning_rate > 0, f"{type(p).__name__}.learning_rate: must be > 0")
+    name = type(p).__name__
+    _require(p.learning_rate > 0, f"{name}.learning_rate: must be > 0")
+    _require(
+        p.rollouts_per_iteration >= 1,
+        f"{name}.rollouts_per_iteration: must be >= 1, got {p.rollouts_per_iteration}",
+    )
+    _require(p.num_iterations >= 1, f"{name}.num_iterations: must be >= 1, got {p.num_iterations}")
 
 
 @rule("NipProtocolParameters", "DebateProtocolParameters", "MnipProtocolParameters")

@@ -24,6 +24,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from nip_core.episode import DECISION_NAMES, Turn
 from nip_core.malt.rollout_tree import history, path_to_node, turns_by_node
+from nip_core.parameters import convert_hyper_param_dict
 from nip_core.run.artifacts import ArtifactError, RunPaths, read_json, read_parquet
 from nip_core.run.iteration_files import BATCH_FILE, NODES_FILE, PAIRS_FILE, REWARDS_FILE
 
@@ -136,7 +137,11 @@ class RunView:
     def hyper_params(self) -> dict:
         if not self.paths.fs.exists(self.paths.hyper_params):
             raise RunReadError(f"{self.paths.run_dir} has no hyper_params.json")
-        return read_json(self.paths.fs, self.paths.hyper_params)
+        stored = read_json(self.paths.fs, self.paths.hyper_params)
+        try:  # the same version check and upgrade a resumed run goes through
+            return convert_hyper_param_dict(stored)
+        except ValueError as e:
+            raise RunReadError(f"{self.paths.hyper_params}: {e}") from e
 
     def manifest(self, iteration: int) -> dict:
         self._check_iteration(iteration)

@@ -187,7 +187,9 @@ def load_manifest(paths: RunPaths, iteration: int, run_name: str, config_hash: s
     path = paths.manifest(iteration)
     if not paths.fs.exists(path):
         return new_manifest(run_name, iteration, config_hash)
-    manifest = read_json(paths.fs, path)
+    manifest = _readable_manifest(paths, path)
+    if manifest is None:
+        return new_manifest(run_name, iteration, config_hash)
     if manifest.get("schema_version") != MANIFEST_SCHEMA_VERSION:
         raise ArtifactError(f"{path}: unsupported manifest schema {manifest.get('schema_version')}")
     if manifest.get("config_hash") != config_hash:
@@ -196,6 +198,26 @@ def load_manifest(paths: RunPaths, iteration: int, run_name: str, config_hash: s
             f"{manifest.get('config_hash')} != {config_hash}); use a new --run-name"
         )
     return manifest
+
+
+def _readable_manifest(paths: RunPaths, path: str) -> dict | None:
+    """The manifest at `path`, or None after moving an unreadable one aside with a warning.
+
+    Every stage re-checks its files, finished model calls are replayed from the journal and
+    fine-tune job ids live in their own files, so starting the manifest afresh loses no work.
+    """
+    try:
+        manifest = read_json(paths.fs, path)
+    except ArtifactError as e:
+        problem = str(e)
+    else:
+        if isinstance(manifest, dict) and isinstance(manifest.get("stages"), dict):
+            return manifest
+        problem = f"{path} is not a manifest object"
+    aside = f"{path}.corrupt-{uuid.uuid4().hex[:8]}"
+    paths.fs.mv(path, aside)
+    log.warning("%s; moved it to %s and starting the iteration's manifest afresh", problem, aside)
+    return None
 
 
 def save_manifest(paths: RunPaths, iteration: int, manifest: dict) -> None:

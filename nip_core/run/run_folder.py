@@ -6,8 +6,16 @@ stats = finished_iteration_stats(paths, hp, run_name, 0)   # None unless iterati
 
 from __future__ import annotations
 
+import logging
+import os
+from pathlib import Path
+
+from nip_core.data.splits import load_split
 from nip_core.parameters import HyperParameters
 from nip_core.run.artifacts import ArtifactError, RunPaths, read_json, stage_is_done, write_json
+
+log = logging.getLogger(__name__)
+TMP_PREFIX = ".tmp-"  # atomic writes go through `.tmp-<uuid>-<name>` siblings
 
 
 class ConfigError(ValueError):
@@ -32,7 +40,52 @@ def prepare_run(hp: HyperParameters, root: str, run_name: str) -> RunPaths:
         )
     if not paths.fs.exists(paths.hyper_params):
         write_json(paths.fs, paths.hyper_params, hp.to_dict(include_package_meta=True))
+    sweep_temporary_files(paths)
     return paths
+
+
+def sweep_temporary_files(paths: RunPaths) -> list[str]:
+    """Delete the half-written `.tmp-*` files a killed writer left in the run folder.
+
+    Called with the run-folder lock held, so no live writer owns them. Returns what went.
+    """
+    if not paths.fs.exists(paths.run_dir):
+        return []
+    stale = [p for p in paths.fs.find(paths.run_dir) if p.rsplit("/", 1)[-1].startswith(TMP_PREFIX)]
+    for path in stale:
+        log.warning("removing a temporary file left by an interrupted write: %s", path)
+        paths.fs.rm_file(path)
+    return stale
+
+
+def preflight(hp: HyperParameters, root: str, run_name: str, splits=("train",)) -> RunPaths:
+    """Everything a run command can check before it writes anything (ConfigError otherwise):
+    the run name, the stored configuration, a writable artifacts root and readable data."""
+    paths = RunPaths.open(root, run_name)
+    if not stored_config_matches(paths, hp):
+        raise ConfigError(
+            f"run folder {paths.run_dir} holds a different configuration; "
+            "use another --run-name or the same settings"
+        )
+    if paths.is_local:
+        check_writable(Path(paths.run_dir))
+    for split in splits:
+        try:
+            rows = len(load_split(hp, split))
+        except (OSError, ValueError, KeyError) as e:
+            raise ConfigError(f"dataset {hp.dataset!r} ({split} split): {e}") from e
+        if rows == 0:
+            raise ConfigError(f"dataset {hp.dataset!r} has no rows in its {split} split")
+    return paths
+
+
+def check_writable(folder: Path) -> None:
+    """ConfigError unless `folder`, or its nearest existing ancestor, can be written."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot write the run folder {folder}: {existing} is not writable")
 
 
 def previous_group_models(paths: RunPaths, iteration: int) -> dict[str, str]:

@@ -1,0 +1,69 @@
+"""Where we follow the seeds after all: `load_from_wandb_config`, version checks when a stored
+run is read, and `vllm_server_port` as the port of the vLLM server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from nip_core.lm_server import launch
+from nip_core.parameters import HyperParameters, PureTextAgentParameters
+from nip_core.parameters.loading import apply_overrides
+from nip_core.report import open_run
+from nip_core.report.run_reader import RunReadError
+from nip_core.run.artifacts import RunPaths
+from nip_core.run.iteration_context import build_context
+
+
+def test_load_from_wandb_config_returns_an_updated_agent_keeping_checkpoint_fields():
+    agent = PureTextAgentParameters(model_name="a", checkpoint_run_id="keep-me")
+    stored = PureTextAgentParameters(model_name="b", temperature=0.3, checkpoint_run_id="x")
+    loaded = agent.load_from_wandb_config({**stored.to_dict(), "_type": "Whatever"})
+    assert loaded.model_name == "b" and loaded.temperature == 0.3
+    assert loaded.checkpoint_run_id == "keep-me"
+    assert agent.model_name == "a"  # frozen: the original is unchanged
+    with pytest.raises(ValueError, match="is_random"):
+        agent.load_from_wandb_config({"is_random": True})
+    with pytest.raises(ValueError):
+        agent.load_from_wandb_config({"temperature": -1.0})  # validated like any agent
+
+
+def test_reading_a_run_checks_the_stored_parameter_version(tmp_path):
+    paths = RunPaths.open(str(tmp_path), "old")
+    stored = HyperParameters.construct_test_params().to_dict(include_package_meta=True)
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "hyper_params.json").write_text(json.dumps(stored))
+    assert open_run(paths.run_dir).hyper_params["seed"] == stored["seed"]
+    stored["_package_version"] = "99.0.0"
+    (tmp_path / "old" / "hyper_params.json").write_text(json.dumps(stored))
+    with pytest.raises(RunReadError, match="newer"):
+        _ = open_run(paths.run_dir).hyper_params
+
+
+def test_the_vllm_engine_gets_the_agents_vllm_server_port(tmp_path, monkeypatch):
+    hp = apply_overrides(
+        HyperParameters.construct_test_params(),
+        [
+            "agents._default.model_provider=SelfHosted",
+            "agents._default.use_dummy_api=false",
+            "agents._default.language_model_server_port=5999",
+            "agents._default.vllm_server_port=8123",
+        ],
+    )
+    commands = []
+
+    def fake_popen(command, **_):
+        commands.append(command)
+        raise OSError("not starting anything in a test")
+
+    monkeypatch.setenv(launch.ENGINE_ENV, "vllm")
+    monkeypatch.setattr(launch, "is_up", lambda url: False)
+    monkeypatch.setattr(subprocess, "Popen", fake_popen)
+    context = build_context(hp, "r", 0)
+    with pytest.raises(OSError):
+        launch.ensure_lm_server(RunPaths.open(str(tmp_path), "r"), context)
+    (command,) = commands
+    assert command[command.index("--vllm-port") + 1] == "8123"
+    assert command[command.index("--port") + 1] == "5999"
