@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import TypeVar
 
 import yaml
+from pydantic import BaseModel, Field
 
 from nip_core.parameters import HyperParameters, load_hyper_params
+from nip_core.parameters.hyper import InteractionProtocolType, TrainerType
 from nip_core.run.artifacts import ArtifactError, RunPaths, default_root
 from nip_core.run.lock import RunLockedError
 from nip_core.run.run_folder import ConfigError, preflight
@@ -25,6 +27,43 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.y
 # What a user can fix: each ends a command with one line and exit status 2 (before anything
 # runs, any ValueError of the checks counts too).
 USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, ArtifactError, RunLockedError)
+
+
+class RunSettings(BaseModel):
+    """The settings runs most often change, as typed fields (a form in the Prefect UI for a
+    deployment); unset fields keep the configuration's value. Anything else: `overrides`."""
+
+    interaction_protocol: InteractionProtocolType | None = None
+    trainer: TrainerType | None = None
+    seed: int | None = None
+    num_iterations: int | None = Field(None, ge=1, description="rl.num_iterations")
+    rollouts_per_iteration: int | None = Field(None, ge=1, description="datapoints per iteration")
+    num_responses_per_timestep: int | None = Field(None, ge=1, description="K: samples per turn")
+    learning_rate: float | None = Field(None, gt=0, description="rl.learning_rate")
+    model_name: str | None = Field(None, description="every agent's model")
+    use_dummy_api: bool | None = Field(None, description="offline deterministic replies")
+
+    def as_overrides(self) -> list[str]:
+        """The set fields as `--set` overrides (applied before the explicit ones)."""
+        keys = {
+            "num_iterations": "rl.num_iterations",
+            "rollouts_per_iteration": "rl.rollouts_per_iteration",
+            "learning_rate": "rl.learning_rate",
+            "num_responses_per_timestep": "pure_text_malt.num_responses_per_timestep",
+            "model_name": "agents._default.model_name",
+            "use_dummy_api": "agents._default.use_dummy_api",
+        }
+        values = self.model_dump(exclude_none=True)
+        return [f"{keys.get(name, name)}={_yaml_scalar(v)}" for name, v in values.items()]
+
+
+def _yaml_scalar(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def all_overrides(settings: RunSettings | None, overrides: list[str] | None) -> list[str]:
+    """A flow's typed settings, then its dotted overrides (the later wins)."""
+    return [*(settings.as_overrides() if settings else []), *(overrides or [])]
 
 
 def resolve_hyper_params(config: str | None, overrides: list[str] | None) -> HyperParameters:

@@ -19,7 +19,9 @@ import sys
 from prefect import flow
 
 from flows.cli import (
+    RunSettings,
     add_iteration_argument,
+    all_overrides,
     checked_run_arguments,
     resolve_hyper_params,
     run_command,
@@ -45,11 +47,12 @@ def evaluate_flow(
     iteration: int = 0,
     split: str = "test",
     use_wandb: bool = True,
+    settings: RunSettings | None = None,
 ) -> dict:
     """Evaluate the models of `iteration` on `split`; returns the metrics."""
     if split not in SPLITS:
         raise ConfigError(f"split must be one of {SPLITS}, got {split!r}")
-    hp = resolve_hyper_params(config, overrides)
+    hp = resolve_hyper_params(config, all_overrides(settings, overrides))
     root = artifacts_root or default_root()
     with lock_run_folder(RunPaths.open(root, run_name)):  # never beside a training run's writes
         return evaluate_locked(hp, root, run_name, iteration, split, use_wandb)

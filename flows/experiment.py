@@ -28,7 +28,7 @@ import pandas as pd
 import yaml
 from prefect import flow
 
-from flows.cli import run_command, run_folder_arguments
+from flows.cli import RunSettings, all_overrides, run_command, run_folder_arguments
 from flows.pipeline import iteration_subflow
 from nip_core.experiment.config import (
     BASE_RUN,
@@ -114,9 +114,10 @@ def experiment_flow(
     run_name: str = "experiment",
     artifacts_root: str | None = None,
     use_wandb: bool = True,
+    settings: RunSettings | None = None,
 ) -> list[dict]:
     """Run (or resume) every arm; returns the summary rows."""
-    spec = resolve_experiment(config, overrides)
+    spec = resolve_experiment(config, all_overrides(settings, overrides))
     root = artifacts_root or default_root()
     experiment_paths = RunPaths.open(root, run_name)
     experiment_root = f"{root.rstrip('/')}/{run_name}"  # keeps an object store's URL scheme

@@ -19,7 +19,9 @@ import sys
 from prefect import flow
 
 from flows.cli import (
+    RunSettings,
     add_iteration_argument,
+    all_overrides,
     checked_run_arguments,
     resolve_hyper_params,
     run_command,
@@ -41,9 +43,10 @@ def malt_iteration(
     artifacts_root: str | None = None,
     iteration: int = 0,
     use_wandb: bool = True,
+    settings: RunSettings | None = None,
 ) -> dict:
     """Run (or resume) one iteration and return its summary statistics."""
-    hp = resolve_hyper_params(config, overrides)
+    hp = resolve_hyper_params(config, all_overrides(settings, overrides))
     root = artifacts_root or default_root()
     with lock_run_folder(RunPaths.open(root, run_name)):  # one writer per run folder
         paths = prepare_run(hp, root, run_name)

@@ -15,7 +15,14 @@ import sys
 
 from prefect import flow
 
-from flows.cli import checked_run_arguments, resolve_hyper_params, run_command, run_folder_arguments
+from flows.cli import (
+    RunSettings,
+    all_overrides,
+    checked_run_arguments,
+    resolve_hyper_params,
+    run_command,
+    run_folder_arguments,
+)
 from flows.pipeline import iteration_subflow
 from nip_core.lm_server.launch import ensure_lm_server
 from nip_core.parameters import HyperParameters
@@ -33,9 +40,10 @@ def malt_run(
     run_name: str = "default",
     artifacts_root: str | None = None,
     use_wandb: bool = True,
+    settings: RunSettings | None = None,
 ) -> list[dict]:
     """Run (or resume) every iteration of a run; returns each iteration's statistics."""
-    hp = resolve_hyper_params(config, overrides)
+    hp = resolve_hyper_params(config, all_overrides(settings, overrides))
     root = artifacts_root or default_root()
     with lock_run_folder(RunPaths.open(root, run_name)):  # once for the whole run
         return run_all_iterations(hp, root, run_name, use_wandb)

@@ -4,6 +4,7 @@ its manifest, one subflow run per iteration, and WANDB_DIR honoured."""
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -96,3 +97,27 @@ def test_wandb_dir_is_honoured(tmp_path, monkeypatch):
     tracker.finish()
     assert list((tmp_path / "wandb-here").rglob("*.wandb"))
     assert not (tmp_path / "root" / "exp" / "wandb").exists()
+
+
+def test_flows_take_typed_settings_the_ui_shows_as_a_form(prefect_harness, tmp_path):
+    from flows.cli import RunSettings
+    from flows.experiment import experiment_flow
+    from flows.malt_run import malt_run as run_flow
+
+    for flow_ in (malt_iteration, run_flow, experiment_flow):
+        schema = flow_.parameters.model_dump()
+        fields = schema["definitions"]["RunSettings"]["properties"]
+        assert "nip" in str(fields["interaction_protocol"]) and "learning_rate" in fields
+    settings = RunSettings(
+        use_dummy_api=True, rollouts_per_iteration=4, interaction_protocol="solo_verifier"
+    )
+    malt_iteration(
+        settings=settings,
+        overrides=["rl.learning_rate=0.001"],
+        run_name="typed",
+        artifacts_root=str(tmp_path),
+        use_wandb=False,
+    )
+    stored = json.loads((tmp_path / "typed" / "hyper_params.json").read_text())
+    assert stored["interaction_protocol"] == "solo_verifier"
+    assert stored["rl"]["rollouts_per_iteration"] == 4 and stored["rl"]["learning_rate"] == 0.001
