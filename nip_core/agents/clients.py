@@ -25,6 +25,7 @@ from nip_core.agents.chat_client import (
 from nip_core.agents.dummy_client import DummyChatClient
 from nip_core.agents.openai_client import OpenAIChatClient
 from nip_core.agents.retry import parse_retry_after as _parse_retry_after
+from nip_core.parameters.agents import PureTextAgentParameters
 
 __all__ = [
     "HOSTED_API_TIMEOUT",
@@ -52,6 +53,8 @@ SELF_HOSTED_TOKEN_ENV = "NIP_LM_SERVER_TOKEN"
 SELF_HOSTED_TIMEOUT = 900.0
 HOSTED_API_TIMEOUT = 120.0
 OPENAI_MIN_EXAMPLES = 10  # OpenAI rejects fine-tuning files with fewer examples
+# An agent's parameters, or the same fields as a plain mapping (e.g. a stored config).
+AgentSettings = PureTextAgentParameters | Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -84,14 +87,14 @@ PROVIDERS: dict[str, Provider] = {
 }  # fmt: skip
 
 
-def _param(agent_params: Any, name: str, default: Any = None) -> Any:
+def _param(agent_params: AgentSettings, name: str, default: Any = None) -> Any:
     """Read a field from a parameters object or a plain mapping."""
     if isinstance(agent_params, Mapping):
         return agent_params.get(name, default)
     return getattr(agent_params, name, default)
 
 
-def provider_of(agent_params: Any) -> Provider:
+def provider_of(agent_params: AgentSettings) -> Provider:
     """The `Provider` record of an agent's `model_provider`."""
     name = _param(agent_params, "model_provider", "OpenAI")
     if name not in PROVIDERS:
@@ -101,7 +104,7 @@ def provider_of(agent_params: Any) -> Provider:
     return PROVIDERS[name]
 
 
-def request_timeout(agent_params: Any) -> float:
+def request_timeout(agent_params: AgentSettings) -> float:
     """Seconds one model request of this agent may take before it counts as timed out.
 
     The agent's `request_timeout_seconds` when set, else its provider's default: 900 s for
@@ -117,7 +120,7 @@ def request_timeout(agent_params: Any) -> float:
     return float(value)
 
 
-def api_endpoint(agent_params: Any) -> tuple[str | None, str | None]:
+def api_endpoint(agent_params: AgentSettings) -> tuple[str | None, str | None]:
     """(base URL, env var holding the API key) of an agent's provider; None key = no key."""
     provider = provider_of(agent_params)
     if not provider.self_hosted:
@@ -129,7 +132,7 @@ def api_endpoint(agent_params: Any) -> tuple[str | None, str | None]:
 
 
 def make_chat_client(
-    agent_params: Any, *, max_concurrency: int = 32, dummy_seed: int = 0
+    agent_params: AgentSettings, *, max_concurrency: int = 32, dummy_seed: int = 0
 ) -> ChatClient:
     """Build the client an agent's parameters ask for.
 

@@ -24,6 +24,7 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, Template, TemplateNotFound
 
 from nip_core.episode import ACCEPT, DECISION_NAMES, REJECT, ChannelMessage, Datapoint, Turn
+from nip_core.parameters.agents import PureTextAgentParameters
 from nip_core.protocols import (
     Protocol,
     active_channels,
@@ -88,7 +89,7 @@ def response_headers(protocol: Protocol, agent_name: str) -> list[str]:
 
 
 def prompt_variables(
-    protocol: Protocol, agent_name: str, agent_params: Any, datapoint: Datapoint, episode_seed: int
+    protocol: Protocol, agent_name: str, agent_params: PureTextAgentParameters, datapoint: Datapoint, episode_seed: int
 ) -> dict[str, Any]:
     """Every variable a system-prompt template may use (also for custom templates)."""
     spec = protocol.agent(agent_name)
@@ -149,7 +150,7 @@ def _custom_template(path_text: str) -> Template:
 
 
 def system_prompt(
-    protocol: Protocol, agent_name: str, agent_params: Any, datapoint: Datapoint, episode_seed: int
+    protocol: Protocol, agent_name: str, agent_params: PureTextAgentParameters, datapoint: Datapoint, episode_seed: int
 ) -> str:
     """The rendered system prompt: the agent's role, the problem, the code and the rules."""
     custom = getattr(agent_params, "system_prompt_template_path", None)
@@ -173,7 +174,7 @@ def supervisor_fires(mode: str, first_turn: bool) -> bool:
 def supervisor_message(
     protocol: Protocol,
     agent_name: str,
-    agent_params: Any,
+    agent_params: PureTextAgentParameters,
     datapoint: Datapoint,
     turns: Sequence[Turn],
     round: int,
@@ -238,7 +239,7 @@ def history_messages(
 def chat_messages(
     protocol: Protocol,
     agent_name: str,
-    agent_params: Any,
+    agent_params: PureTextAgentParameters,
     datapoint: Datapoint,
     turns: Sequence[Turn],
     round: int,
@@ -269,7 +270,7 @@ def chat_messages(
 def training_conversation(
     protocol: Protocol,
     agent_name: str,
-    agent_params: Any,
+    agent_params: PureTextAgentParameters,
     datapoint: Datapoint,
     turns: Sequence[Turn],
     episode_seed: int,

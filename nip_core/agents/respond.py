@@ -9,10 +9,10 @@ reference wrote "" on every channel, which collided with other agents' messages 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from nip_core.agents.clients import ChatClient, SamplingParams
 from nip_core.agents.parsing import InvalidResponse, ParsedResponse, parse_response
+from nip_core.parameters.agents import PureTextAgentParameters
 from nip_core.protocols import Protocol
 from nip_core.seeding import stable_int
 
@@ -36,7 +36,7 @@ class AgentResponse:
     token_limit: bool = False
 
 
-def sampling_params(agent_params: Any, seed: int | None) -> SamplingParams:
+def sampling_params(agent_params: PureTextAgentParameters, seed: int | None) -> SamplingParams:
     """The agent's sampling settings for one call."""
     return SamplingParams(
         temperature=agent_params.temperature,
@@ -79,7 +79,7 @@ async def generate_responses(
     client: ChatClient,
     protocol: Protocol,
     agent_name: str,
-    agent_params: Any,
+    agent_params: PureTextAgentParameters,
     model: str,
     chat: list[dict],
     n: int,

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from nip_core.parameters.hyper import HyperParameters
 from nip_core.protocols.records import (
     FORCE_GUESS_VALUES,
     MAIN_CHANNEL,
@@ -197,7 +198,7 @@ def _check(protocol: Protocol) -> None:
     validate_schedule(protocol)
 
 
-def make_protocol(hyper_params: Any) -> Protocol:
+def make_protocol(hyper_params: HyperParameters) -> Protocol:
     """The protocol named by `hyper_params.interaction_protocol`, validated.
 
     Reads `protocol_common` and, for multi-round protocols, `nip_protocol`, `debate_protocol` or

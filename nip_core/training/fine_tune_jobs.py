@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from nip_core.agents.clients import api_endpoint, provider_of
 from nip_core.agents.retry import RetryPolicy
+from nip_core.parameters.agents import PureTextAgentParameters
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def reusable_and_failed(jobs: list[Any], key: str, fingerprint: str) -> tuple[st
     return reusable, failed
 
 
-def fine_tuning_client(agent_params: Any) -> Any:
+def fine_tuning_client(agent_params: PureTextAgentParameters) -> Any:
     """An `openai.AsyncOpenAI` for the group's fine-tuning API (None for the dummy API)."""
     if agent_params.use_dummy_api:
         return None
