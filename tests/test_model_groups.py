@@ -429,15 +429,16 @@ def test_create_dpo_fine_tune_job_is_a_named_dpo_job():
     (request,) = client.jobs.created
     assert request["method"]["type"] == "dpo" and request["suffix"] == "run-it3-grp"
     assert request["method"]["dpo"]["hyperparameters"] == {"n_epochs": 2, "beta": 0.1}
-    assert request["metadata"]["nip_job_key"] == "run-it3-grp/grp"
-    # the same name re-attaches (idempotent); a long name is cut to OpenAI's 64 characters
+    fingerprint = request["metadata"]["nip_training_fingerprint"]
+    assert request["metadata"]["nip_job_key"] == f"run-it3-grp/grp/{fingerprint}"
+    # the same name and data re-attach (idempotent); a long name is cut to 64 characters
     again = group(client)
-    assert asyncio.run(again.create_dpo_fine_tune_job(b"x\n", 12, "run-it3-grp")) == job_id
+    assert asyncio.run(again.create_dpo_fine_tune_job(b'{"a": 1}\n', 12, "run-it3-grp")) == job_id
     long = asyncio.run(group(client).create_dpo_fine_tune_job(b"x\n", 12, "-" + "n" * 70))
     assert long == "ftjob-2" and client.jobs.created[-1]["suffix"] == "n" * 64
     # an explicit key wins; the local job ids still apply
     asyncio.run(group(client).create_dpo_fine_tune_job(b"x\n", 12, key="run/0003/grp"))
-    assert client.jobs.created[-1]["metadata"]["nip_job_key"] == "run/0003/grp"
+    assert client.jobs.created[-1]["metadata"]["nip_job_key"].startswith("run/0003/grp/")
     assert client.jobs.created[-1]["suffix"] == "grp"  # no name: the group name
     assert asyncio.run(group(client).create_dpo_fine_tune_job(b"", 0)) == INSUFFICIENT_DATA_JOB_ID
 
@@ -469,6 +470,7 @@ def test_state_dict_aliases():
         "fine_tune_job_id": "ftjob-3",
         "fine_tuned_model_name": "ft:m",
         "skip_reason": None,
+        "failed_jobs": [],
     }
     assert g.model_name == "ft:m"
     other = group()
