@@ -432,7 +432,7 @@ def test_create_dpo_fine_tune_job_is_a_named_dpo_job():
     fingerprint = request["metadata"]["nip_training_fingerprint"]
     assert request["metadata"]["nip_job_key"] == f"run-it3-grp/grp/{fingerprint}"
     # the same name and data re-attach (idempotent); a long name is cut to 64 characters
-    again = group(client)
+    again = group(client, dpo_beta=0.1)  # same settings too
     assert asyncio.run(again.create_dpo_fine_tune_job(b'{"a": 1}\n', 12, "run-it3-grp")) == job_id
     long = asyncio.run(group(client).create_dpo_fine_tune_job(b"x\n", 12, "-" + "n" * 70))
     assert long == "ftjob-2" and client.jobs.created[-1]["suffix"] == "n" * 64
