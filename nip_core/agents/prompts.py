@@ -89,7 +89,11 @@ def response_headers(protocol: Protocol, agent_name: str) -> list[str]:
 
 
 def prompt_variables(
-    protocol: Protocol, agent_name: str, agent_params: PureTextAgentParameters, datapoint: Datapoint, episode_seed: int
+    protocol: Protocol,
+    agent_name: str,
+    agent_params: PureTextAgentParameters,
+    datapoint: Datapoint,
+    episode_seed: int,
 ) -> dict[str, Any]:
     """Every variable a system-prompt template may use (also for custom templates)."""
     spec = protocol.agent(agent_name)
@@ -150,7 +154,11 @@ def _custom_template(path_text: str) -> Template:
 
 
 def system_prompt(
-    protocol: Protocol, agent_name: str, agent_params: PureTextAgentParameters, datapoint: Datapoint, episode_seed: int
+    protocol: Protocol,
+    agent_name: str,
+    agent_params: PureTextAgentParameters,
+    datapoint: Datapoint,
+    episode_seed: int,
 ) -> str:
     """The rendered system prompt: the agent's role, the problem, the code and the rules."""
     custom = getattr(agent_params, "system_prompt_template_path", None)
