@@ -10,6 +10,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from nip_core.agents.dummy_player import dummy_reply
 from nip_core.lm_server.engines.base import AdapterError, ChatChoice, ChatRequest
 
 
@@ -59,11 +60,14 @@ def _canned(request: ChatRequest, index: int) -> ChatChoice:
     if request.messages and request.messages[0].get("role") == "system":
         # A game prompt: answer like the pipeline's offline dummy backend (questions, answers,
         # verdicts), so flows run against this server produce real trees and pairs.
-        from nip_core.agents.clients import DummyChatClient, SamplingParams
-
-        player = DummyChatClient(0, invalid_probability=0.0)
-        sampling = SamplingParams(seed=request.seed)
-        return ChatChoice(player.reply(request.messages, sampling, index if sampled else 0), "stop")
+        text = dummy_reply(
+            request.messages,
+            seed=0,
+            request_seed=request.seed,
+            index=index if sampled else 0,
+            invalid_probability=0.0,
+        )
+        return ChatChoice(text, "stop")
     key = json.dumps([request.model, request.messages, request.seed, index if sampled else 0])
     digest = hashlib.sha256(key.encode()).hexdigest()[:8]
     text = f"Dummy answer {digest} from {request.model}."
