@@ -15,8 +15,9 @@ from prefect import flow
 
 from nip_core.lm_server.launch import ensure_lm_server
 from nip_core.malt.evaluation import format_metrics, should_evaluate
-from nip_core.run.artifacts import RunPaths
+from nip_core.run.artifacts import RunPaths, read_json
 from nip_core.run.iteration_context import IterationContext
+from nip_core.run.stages import stage_seconds
 from nip_core.run.tracking import Tracker, log_iteration
 from tasks.batch import select_batch_task
 from tasks.evaluate import evaluate_task
@@ -91,4 +92,8 @@ def format_summary(paths: RunPaths, context: IterationContext, stats: dict) -> s
         lines.append(f"  {format_metrics(stats['eval'])}")
     for group, model in stats.get("models_after", {}).items():
         lines.append(f"  group {group} -> model {model}")
+    if paths.fs.exists(paths.manifest(context.iteration)):
+        seconds = stage_seconds(read_json(paths.fs, paths.manifest(context.iteration)))
+        timings = ", ".join(f"{stage} {value:.1f}" for stage, value in seconds.items())
+        lines.append(f"  seconds per stage: {timings or 'n/a'}")
     return "\n".join(lines)

@@ -18,6 +18,7 @@ import pandas as pd
 from nip_core.report.plots import Plot, agent_names, metric_plots
 from nip_core.report.run_reader import RunReadError, RunView
 from nip_core.report.trees import node_text, pair_roles, tree_svg, verdict
+from nip_core.run.stages import stage_seconds
 
 PAIR_COLUMNS = [
     "pairs",
@@ -209,6 +210,7 @@ def report_html(
     trees_html: str,
     tree_iteration: int | None,
     models: dict[int, dict[str, str]] | None = None,
+    timings: dict[int, dict[str, float]] | None = None,
 ) -> str:
     """Assemble the page from its parts."""
     iterations = stats["iteration"].tolist() if not stats.empty else []
@@ -217,6 +219,9 @@ def report_html(
     if models:
         frame = pd.DataFrame([{"iteration": i, **groups} for i, groups in sorted(models.items())])
         models_html = "<h3>Models after each iteration</h3>" + html_table(frame)
+    if timings:
+        frame = pd.DataFrame([{"iteration": i, **s} for i, s in sorted(timings.items())])
+        models_html += "<h3>Wall seconds per stage</h3>" + html_table(frame.round(1))
     trees_title = "Response trees" + (
         f" (iteration {tree_iteration})" if tree_iteration is not None else ""
     )
@@ -256,6 +261,7 @@ def build_report(run: RunView, trees: int = 3, iteration: int | None = None) -> 
     stats = run.stats
     models = {i: run.manifest(i).get("models_after") or {} for i in run.iterations}
     models = {i: m for i, m in models.items() if m}
+    timings = {i: stage_seconds(run.manifest(i)) for i in run.iterations}
     if iteration is None:
         done = [i for i in run.iterations if "rewards" in run.manifest(i).get("stages", {})]
         iteration = done[-1] if done else None
@@ -277,4 +283,5 @@ def build_report(run: RunView, trees: int = 3, iteration: int | None = None) -> 
                     ranges,
                 )
             )
-    return report_html(run.name, stats, metric_plots(stats), "".join(sections), iteration, models)
+    plots = metric_plots(stats)
+    return report_html(run.name, stats, plots, "".join(sections), iteration, models, timings)

@@ -231,10 +231,15 @@ def record_stage(
     stage: str,
     files: Mapping[str, str],
     info: Mapping[str, Any] | None = None,
+    seconds: float | None = None,
 ) -> dict:
-    """Mark `stage` done with its files (relative path -> sha256); written after the files."""
+    """Mark `stage` done with its files (relative path -> sha256); written after the files.
+    `seconds`: the wall time of the computation that finished it."""
     updated = json.loads(json.dumps(manifest))
-    updated["stages"][stage] = {"files": dict(sorted(files.items())), "info": dict(info or {})}
+    entry: dict[str, Any] = {"files": dict(sorted(files.items())), "info": dict(info or {})}
+    if seconds is not None:
+        entry["seconds"] = round(seconds, 3)
+    updated["stages"][stage] = entry
     save_manifest(paths, iteration, updated)
     return updated
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -24,16 +25,19 @@ def run_stage(
     """Run `compute` unless the manifest shows the stage finished with intact files.
 
     `compute` writes the stage's files and returns (relative path -> sha256, info); the manifest
-    entry is written afterwards, so a crash inside `compute` leaves the stage not done.
+    entry is written afterwards, so a crash inside `compute` leaves the stage not done. The
+    entry also records `seconds`, the wall time of `compute` in the run that finished it.
     Returns the stage's manifest entry.
     """
     config_hash = context.hyper_params.config_hash()
     manifest = load_manifest(paths, context.iteration, context.run_name, config_hash)
     if stage_is_done(paths, context.iteration, manifest, stage):
         return manifest["stages"][stage]
+    started = time.monotonic()
     files, info = compute()
+    seconds = time.monotonic() - started
     manifest = load_manifest(paths, context.iteration, context.run_name, config_hash)
-    manifest = record_stage(paths, context.iteration, manifest, stage, files, info)
+    manifest = record_stage(paths, context.iteration, manifest, stage, files, info, seconds)
     return manifest["stages"][stage]
 
 
@@ -44,3 +48,12 @@ def record_models_after(paths: RunPaths, context: IterationContext, models: dict
     if manifest.get("models_after") != models:
         manifest["models_after"] = dict(models)
         save_manifest(paths, context.iteration, manifest)
+
+
+def stage_seconds(manifest: dict) -> dict[str, float]:
+    """Wall seconds per recorded stage (shards left out), in the order the stages ran."""
+    return {
+        stage: entry["seconds"]
+        for stage, entry in manifest.get("stages", {}).items()
+        if "seconds" in entry and "/" not in stage
+    }
