@@ -4,9 +4,10 @@
     python scripts/screenshot_prefect_ui.py --out screenshots/ --api-url http://127.0.0.1:4200/api
 
 Without --api-url it starts a throw-away `prefect server start` (own PREFECT_HOME, analytics off,
-free loopback port), runs one dummy-backend iteration against it, and shoots the flow-run page
-and the iteration's table artifact; with --api-url it shoots the newest `malt-iteration` run of
-that server. Installs the Debian packages `chromium` and `chromium-driver` when Chromium is
+free loopback port), runs one dummy-backend iteration and a two-iteration `malt_run` against it
+and registers the `malt-run` deployment, then shoots the iteration's flow-run page, its table
+artifact, the `malt_run` page (one subflow run per iteration) and the deployment's run form (the
+typed settings); with --api-url it shoots the newest runs of that server. Installs the Debian packages `chromium` and `chromium-driver` when Chromium is
 missing (needs root and apt). Prints the PNG paths.
 """
 
@@ -110,6 +111,27 @@ def run_dummy_iteration(api_url: str, root: Path, home: Path, run_name: str) -> 
     subprocess.run(cmd, cwd=REPO, env=server_env(home, api_url), check=True, timeout=300)
 
 
+def run_dummy_malt_run(api_url: str, root: Path, home: Path, run_name: str) -> None:
+    cmd = [sys.executable, "-m", "flows.malt_run", "--run-name", run_name]
+    cmd += ["--artifacts-root", str(root), "--no-wandb", "--set", "rl.num_iterations=2"]
+    for override in DUMMY_OVERRIDES:
+        cmd += ["--set", override]
+    subprocess.run(cmd, cwd=REPO, env=server_env(home, api_url), check=True, timeout=300)
+
+
+def register_deployment(api_url: str, home: Path, name: str = "malt-run") -> None:
+    """Register a deployment (without serving it) so the UI shows its parameter form."""
+    code = f"from flows.serve import deployments; [d.apply() for d in deployments([{name!r}])]"
+    env = server_env(home, api_url)
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, check=True, timeout=120)
+
+
+def deployment_id(api_url: str, name: str = "malt-run") -> str | None:
+    body = {"deployments": {"name": {"any_": [name]}}, "limit": 1}
+    found = httpx.post(f"{api_url}/deployments/filter", json=body, timeout=10).json()
+    return found[0]["id"] if found else None
+
+
 def latest_flow_run(api_url: str, flow_name: str = "malt-iteration") -> dict:
     body = {"flows": {"name": {"any_": [flow_name]}}, "sort": "START_TIME_DESC", "limit": 1}
     runs = httpx.post(f"{api_url}/flow_runs/filter", json=body, timeout=10).json()
@@ -151,6 +173,14 @@ def shoot_ui(chromium: str, api_url: str, out: Path) -> list[Path]:
         shots.append(
             screenshot(chromium, f"{ui}/artifacts/artifact/{artifact}", out / "prefect-table.png")
         )
+    with contextlib.suppress(RuntimeError):  # a server without a malt_run: skip that page
+        whole = latest_flow_run(api_url, "malt-run")
+        url = f"{ui}/runs/flow-run/{whole['id']}?tab=Subflow+Runs"
+        shots.append(screenshot(chromium, url, out / "prefect-malt-run-subflows.png"))
+    deployment = deployment_id(api_url)
+    if deployment:
+        url = f"{ui}/deployments/deployment/{deployment}/run"
+        shots.append(screenshot(chromium, url, out / "prefect-deployment-form.png"))
     return shots
 
 
@@ -168,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
             home, root = Path(tmp) / "prefect-home", Path(tmp) / "artifacts"
             with prefect_server(home, ui=True, log=Path(tmp) / "server.log") as api_url:
                 run_dummy_iteration(api_url, root, home, "ui-demo")
+                run_dummy_malt_run(api_url, root, home, "ui-demo-run")
+                register_deployment(api_url, home)
                 shots = shoot_ui(chromium, api_url, args.out)
     for shot in shots:
         print(shot)

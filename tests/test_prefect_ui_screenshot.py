@@ -39,7 +39,12 @@ def test_script_saves_flow_run_and_table_screenshots(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     printed = [Path(line) for line in done.stdout.splitlines() if line.endswith(".png")]
     names = {p.name for p in printed}
-    assert names == {"prefect-flow-run.png", "prefect-table.png"}
+    assert names == {
+        "prefect-flow-run.png",
+        "prefect-table.png",
+        "prefect-malt-run-subflows.png",
+        "prefect-deployment-form.png",
+    }
     for png in printed:
         assert png_size(png) == (1400, 1000)
         assert png.stat().st_size > 10_000  # a rendered page, not a blank canvas
