@@ -47,3 +47,57 @@ def test_torn_last_line_is_ignored(tmp_path):
     assert len(resumed.entries) == 1
     asyncio.run(resumed.complete([{"role": "user", "content": "a"}], "m", 1, Sampling(1)))
     assert inner.calls == 0
+
+
+class SlowClient(CountingClient):
+    """Finishes calls at staggered moments, as a server answering a tree level does."""
+
+    async def complete(self, messages, model, n, sampling):
+        await asyncio.sleep(0.001 * (sampling.seed % 7))
+        return await super().complete(messages, model, n, sampling)
+
+
+def test_concurrent_calls_share_group_commits_and_are_all_durable(tmp_path):
+    journal = tmp_path / "calls.jsonl"
+    client = JournaledClient(SlowClient(), journal)
+    msgs = [{"role": "user", "content": "q"}]
+
+    async def many():
+        texts = await asyncio.gather(
+            *(client.complete(msgs, "m", 1, Sampling(s)) for s in range(300))
+        )
+        await client.aclose()
+        return texts
+
+    texts = asyncio.run(many())
+    assert texts == [[f"q-{s}-0"] for s in range(300)]
+    assert 1 <= client.writes < 300  # calls finishing together share one write and fsync
+    lines = journal.read_text().splitlines()
+    assert len(lines) == 300
+    resumed_inner = CountingClient()
+    resumed = JournaledClient(resumed_inner, journal)
+
+    async def replay():
+        return await asyncio.gather(
+            *(resumed.complete(msgs, "m", 1, Sampling(s)) for s in range(300))
+        )
+
+    again = asyncio.run(replay())
+    assert again == texts and resumed_inner.calls == 0 and resumed.replayed == 300
+
+
+def test_a_failed_write_fails_the_calls_waiting_on_it(tmp_path, monkeypatch):
+    client = JournaledClient(CountingClient(), tmp_path / "calls.jsonl")
+
+    def broken(text):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(client, "_write", broken)
+    msgs = [{"role": "user", "content": "q"}]
+    try:
+        asyncio.run(client.complete(msgs, "m", 1, Sampling(1)))
+    except OSError as error:
+        assert "disk full" in str(error)
+    else:
+        raise AssertionError("a call whose journal line was not written must not succeed")
+    assert not client.entries  # not recorded as finished
