@@ -47,6 +47,7 @@ def chat_clients(context: IterationContext, journal: Path | None) -> dict[str, o
             params.language_model_server_scheme_host,
             params.language_model_server_port,
             params.request_timeout_seconds,
+            tuple(params.model_server_replicas or ()),
         )
         if key not in by_endpoint:
             client = make_chat_client(

@@ -24,6 +24,7 @@ from nip_core.agents.chat_client import (
 )
 from nip_core.agents.dummy_client import DummyChatClient
 from nip_core.agents.openai_client import OpenAIChatClient
+from nip_core.agents.replica_client import ReplicaChatClient
 from nip_core.agents.retry import parse_retry_after as _parse_retry_after
 from nip_core.parameters.agents import PureTextAgentParameters
 
@@ -149,4 +150,15 @@ def make_chat_client(
         return client
     base_url, key_env = api_endpoint(agent_params)
     timeout = request_timeout(agent_params)
+    replicas = _param(agent_params, "model_server_replicas", None)
+    if replicas:  # fail over at once: the replica client retries elsewhere
+        return ReplicaChatClient(
+            [
+                OpenAIChatClient(
+                    url.rstrip("/"), key_env, max_concurrency=max_concurrency, timeout=timeout,
+                    max_retries=0,
+                )
+                for url in replicas
+            ]
+        )  # fmt: skip
     return OpenAIChatClient(base_url, key_env, max_concurrency=max_concurrency, timeout=timeout)

@@ -142,6 +142,11 @@ class PureTextAgentParameters(AgentParameters):
     None keeps the defaults: 900 s for `model_provider="SelfHosted"` (a CPU server answers a
     whole batched tree level in one go) and 120 s for OpenAI/OpenRouter (not the SDK's 600 s,
     so a stuck connection is retried soon). Not a nip field; must be > 0 when set."""
+    model_server_replicas: list[str] | None = None
+    """Base URLs (`http://host:port/v1`) of several OpenAI-compatible servers that all serve this
+    agent's model, e.g. vLLM replicas: chat requests go to the replica with the fewest requests
+    in flight, and a request that fails on one is retried on another. Fine-tuning still goes to
+    the provider's endpoint. None: the provider's endpoint serves chat too (ours, not nip's)."""
     dpo_loss_type: DpoLossType | None = None
     """TRL's pairwise DPO loss for self-hosted training (None: "sigmoid", the DPO paper's).
     Not a nip field; sent in our server's training extension only."""

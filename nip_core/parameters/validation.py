@@ -113,6 +113,11 @@ def _agent_rules(p: Any) -> None:
     timeout = p.request_timeout_seconds
     if timeout is not None:
         _require(timeout > 0, f"{name}.request_timeout_seconds: must be > 0, got {timeout}")
+    for url in p.model_server_replicas or ():
+        _require(
+            isinstance(url, str) and url.startswith(("http://", "https://")),
+            f"{name}.model_server_replicas: {url!r} is not an http(s) base URL",
+        )
 
 
 @rule("PureTextMaltParameters")
