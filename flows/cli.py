@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, Field
@@ -66,6 +66,36 @@ def all_overrides(settings: RunSettings | None, overrides: list[str] | None) -> 
     return [*(settings.as_overrides() if settings else []), *(overrides or [])]
 
 
+TaskRunnerKind = Literal["thread", "dask", "ray"]
+
+
+def make_task_runner(kind: TaskRunnerKind, address: str | None = None) -> Any:
+    """The Prefect task runner for `--task-runner`: Prefect's thread pool (today's behaviour),
+    `prefect-dask` (a local cluster of worker processes, or the scheduler at `address`) or
+    `prefect-ray` (a local Ray, or the cluster at `address`). Not part of the config hash."""
+    if kind == "thread":
+        from prefect.task_runners import ThreadPoolTaskRunner
+
+        return ThreadPoolTaskRunner()
+    if kind == "dask":
+        try:
+            from prefect_dask import DaskTaskRunner
+        except ImportError as e:
+            raise ConfigError("--task-runner dask needs: pip install -e '.[dask]'") from e
+        if address:
+            return DaskTaskRunner(address=address)
+        return DaskTaskRunner(
+            cluster_kwargs={"n_workers": 2, "processes": True, "threads_per_worker": 1}
+        )
+    if kind == "ray":
+        try:
+            from prefect_ray import RayTaskRunner
+        except ImportError as e:
+            raise ConfigError("--task-runner ray needs: pip install -e '.[ray]'") from e
+        return RayTaskRunner(address=address) if address else RayTaskRunner()
+    raise ConfigError(f"--task-runner must be thread, dask or ray, got {kind!r}")
+
+
 def resolve_hyper_params(config: str | None, overrides: list[str] | None) -> HyperParameters:
     """The configuration file (default: `configs/default.yaml`) with the `--set` overrides."""
     path = Path(config) if config else DEFAULT_CONFIG
@@ -108,6 +138,17 @@ def run_folder_arguments(
         action="store_false",
         help="do not track with wandb (default: offline wandb run under <run folder>/wandb, "
         "or $WANDB_DIR when set)",
+    )
+    parser.add_argument(
+        "--task-runner",
+        choices=["thread", "dask", "ray"],
+        default="thread",
+        help="where rollout shards run: this process (default), a Dask or a Ray cluster",
+    )
+    parser.add_argument(
+        "--task-runner-address",
+        default=None,
+        help="join an existing cluster (Dask scheduler or Ray address) instead of a local one",
     )
     parser.add_argument(
         "--debug", action="store_true", help="show tracebacks of configuration and input errors"

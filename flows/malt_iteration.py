@@ -20,6 +20,7 @@ from prefect import flow
 
 from flows.cli import (
     RunSettings,
+    TaskRunnerKind,
     add_iteration_argument,
     all_overrides,
     checked_run_arguments,
@@ -27,7 +28,7 @@ from flows.cli import (
     run_command,
     run_folder_arguments,
 )
-from flows.pipeline import format_summary, run_iteration_stages
+from flows.pipeline import format_summary, run_iteration
 from nip_core.run.artifacts import RunPaths, default_root
 from nip_core.run.iteration_context import build_context
 from nip_core.run.lock import lock_run_folder
@@ -44,6 +45,8 @@ def malt_iteration(
     iteration: int = 0,
     use_wandb: bool = True,
     settings: RunSettings | None = None,
+    task_runner: TaskRunnerKind = "thread",
+    task_runner_address: str | None = None,
 ) -> dict:
     """Run (or resume) one iteration and return its summary statistics."""
     hp = resolve_hyper_params(config, all_overrides(settings, overrides))
@@ -53,7 +56,13 @@ def malt_iteration(
         context = build_context(hp, run_name, iteration, previous_group_models(paths, iteration))
         tracker = open_tracker(paths, hp, run_name, use_wandb)
         try:
-            return run_iteration_stages(paths, context, tracker)
+            return run_iteration(
+                paths,
+                context,
+                tracker,
+                task_runner=task_runner,
+                task_runner_address=task_runner_address,
+            )
         finally:
             tracker.finish()
 
@@ -83,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
                 artifacts_root=root,
                 iteration=args.iteration,
                 use_wandb=args.use_wandb,
+                task_runner=args.task_runner,
+                task_runner_address=args.task_runner_address,
             )
         print(format_summary(paths, build_context(hp, args.run_name, args.iteration), stats))
         return 0

@@ -17,13 +17,14 @@ from prefect import flow
 
 from flows.cli import (
     RunSettings,
+    TaskRunnerKind,
     all_overrides,
     checked_run_arguments,
     resolve_hyper_params,
     run_command,
     run_folder_arguments,
 )
-from flows.pipeline import iteration_subflow
+from flows.pipeline import run_iteration
 from nip_core.lm_server.launch import ensure_lm_server
 from nip_core.parameters import HyperParameters
 from nip_core.run.artifacts import RunPaths, default_root
@@ -41,16 +42,24 @@ def malt_run(
     artifacts_root: str | None = None,
     use_wandb: bool = True,
     settings: RunSettings | None = None,
+    task_runner: TaskRunnerKind = "thread",
+    task_runner_address: str | None = None,
 ) -> list[dict]:
     """Run (or resume) every iteration of a run; returns each iteration's statistics."""
     hp = resolve_hyper_params(config, all_overrides(settings, overrides))
     root = artifacts_root or default_root()
     with lock_run_folder(RunPaths.open(root, run_name)):  # once for the whole run
-        return run_all_iterations(hp, root, run_name, use_wandb)
+        runner = {"task_runner": task_runner, "task_runner_address": task_runner_address}
+        return run_all_iterations(hp, root, run_name, use_wandb, **runner)
 
 
 def run_all_iterations(
-    hp: HyperParameters, root: str, run_name: str, use_wandb: bool = True
+    hp: HyperParameters,
+    root: str,
+    run_name: str,
+    use_wandb: bool = True,
+    task_runner: TaskRunnerKind = "thread",
+    task_runner_address: str | None = None,
 ) -> list[dict]:
     """Every iteration in order; the caller holds the run-folder lock."""
     paths = prepare_run(hp, root, run_name)
@@ -62,7 +71,14 @@ def run_all_iterations(
             context = build_context(
                 hp, run_name, iteration, previous_group_models(paths, iteration)
             )
-            stats = iteration_subflow(paths, context, tracker)  # one flow run per iteration
+            stats = run_iteration(  # a subflow: one flow run per iteration in the UI
+                paths,
+                context,
+                tracker,
+                task_runner=task_runner,
+                task_runner_address=task_runner_address,
+                as_subflow=True,
+            )
             print(f"iteration {iteration}: verifier accuracy {stats['verifier']['accuracy']}")
             results.append(stats)
         return results
@@ -94,7 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     def run(checked) -> int:
         hp, root, paths = checked
         if not all_iterations_finished(hp, paths, args.run_name):  # else: nothing to start
-            malt_run(args.overrides, args.config, args.run_name, root, use_wandb=args.use_wandb)
+            malt_run(
+                args.overrides,
+                args.config,
+                args.run_name,
+                root,
+                use_wandb=args.use_wandb,
+                task_runner=args.task_runner,
+                task_runner_address=args.task_runner_address,
+            )
         print(f"artifacts: {paths.run_dir}")
         return 0
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from prefect import flow
 
+from flows.cli import TaskRunnerKind, make_task_runner
 from nip_core.lm_server.launch import ensure_lm_server
 from nip_core.malt.evaluation import format_metrics, should_evaluate
 from nip_core.run.artifacts import RunPaths, read_json
@@ -26,18 +27,24 @@ from tasks.fine_tune import fine_tune_task, switch_model_task
 from tasks.pairs import select_pairs_task
 from tasks.prefect_artifacts import publish_summary_task
 from tasks.rewards import estimate_rewards_task
-from tasks.rollouts import generate_rollouts_task
+from tasks.rollouts import generate_rollouts_task, grow_shard_task, pending_shards, record_shard
 from tasks.summary import summarise_iteration_task
 from tasks.switch_guard import switch_guard_task
 
 
 def run_iteration_stages(
-    paths: RunPaths, context: IterationContext, tracker: Tracker | None = None
+    paths: RunPaths,
+    context: IterationContext,
+    tracker: Tracker | None = None,
+    distributed: bool = False,
 ) -> dict:
-    """All stages of one iteration; the caller holds the run-folder lock."""
+    """All stages of one iteration; the caller holds the run-folder lock. `distributed`: grow
+    the rollout shards as tasks of the flow's task runner (Dask, Ray) first."""
     server = ensure_lm_server(paths, context)
     try:
         select_batch_task(paths, context)
+        if distributed:
+            grow_shards_on_task_runner(paths, context)
         generate_rollouts_task(paths, context)
         estimate_rewards_task(paths, context)
         if not context.is_ei_iteration:
@@ -59,17 +66,46 @@ def run_iteration_stages(
             server.stop()
 
 
+def grow_shards_on_task_runner(paths: RunPaths, context: IterationContext) -> None:
+    """Submit every unfinished rollout shard to the flow's task runner; record each as it ends."""
+    futures = [grow_shard_task.submit(paths, context, i) for i in pending_shards(paths, context)]
+    for future in futures:
+        record_shard(paths, context, future.result())
+
+
 @flow(
     name="iteration",
     flow_run_name="{context.run_name}-iteration-{context.iteration}",
     validate_parameters=False,
     log_prints=True,
 )
-def iteration_subflow(paths: Any, context: Any, tracker: Any = None) -> dict:
+def iteration_subflow(
+    paths: Any, context: Any, tracker: Any = None, distributed: bool = False
+) -> dict:
     """`run_iteration_stages` as a subflow: one flow run per iteration in the Prefect UI.
     (Typed `Any`: Prefect builds a parameter schema from annotations, and a tracker is no
     pydantic type.)"""
-    return run_iteration_stages(paths, context, tracker)
+    return run_iteration_stages(paths, context, tracker, distributed)
+
+
+def run_iteration(
+    paths: RunPaths,
+    context: IterationContext,
+    tracker: Tracker | None = None,
+    *,
+    task_runner: TaskRunnerKind = "thread",
+    task_runner_address: str | None = None,
+    as_subflow: bool = False,
+) -> dict:
+    """One iteration: in this flow run (the default), or as a subflow whose task runner grows
+    the rollout shards (`task_runner` "dask" or "ray")."""
+    if task_runner == "thread" and not as_subflow:
+        return run_iteration_stages(paths, context, tracker)
+    subflow = iteration_subflow
+    if task_runner != "thread":
+        runner = make_task_runner(task_runner, task_runner_address)
+        subflow = iteration_subflow.with_options(task_runner=runner)
+    return subflow(paths, context, tracker, task_runner != "thread")
 
 
 def format_summary(paths: RunPaths, context: IterationContext, stats: dict) -> str:

@@ -55,7 +55,7 @@ def chat_clients(context: IterationContext, journal: Path | None) -> dict[str, o
             )
             if journal is not None:
                 client = JournaledClient(
-                    client, journal.with_name(f"calls-{len(by_endpoint)}.jsonl")
+                    client, journal.with_name(f"{journal.stem}-{len(by_endpoint)}.jsonl")
                 )
             by_endpoint[key] = client
         clients[agent] = by_endpoint[key]
@@ -78,12 +78,26 @@ def rollout_settings(context: IterationContext, clients: dict[str, object]) -> R
     )
 
 
+def shard_stage(shard_index: int) -> str:
+    return f"rollouts/shard-{shard_index:05d}"
+
+
+def shard_file(shard_index: int) -> str:
+    return f"shards/nodes-{shard_index:05d}.parquet"
+
+
+def batch_shards(paths: RunPaths, context: IterationContext) -> list[list]:
+    """The iteration's batch items in shards of `text_rl.rollout_shard_size`."""
+    items = batch_items(read_parquet(paths.fs, paths.iteration_file(context.iteration, BATCH_FILE)))
+    size = context.hyper_params.text_rl.rollout_shard_size
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
 async def _grow_shards(paths, context, settings, shards, progress) -> None:
     config_hash = context.hyper_params.config_hash()
 
     async def one(shard_index: int, items) -> None:
-        stage = f"rollouts/shard-{shard_index:05d}"
-        relative = f"shards/nodes-{shard_index:05d}.parquet"
+        stage, relative = shard_stage(shard_index), shard_file(shard_index)
         manifest = load_manifest(paths, context.iteration, context.run_name, config_hash)
         if stage_is_done(paths, context.iteration, manifest, stage):
             return
@@ -102,10 +116,7 @@ async def _grow_shards(paths, context, settings, shards, progress) -> None:
 
 
 def grow_all_trees(paths: RunPaths, context: IterationContext, progress=None) -> dict:
-    hp = context.hyper_params
-    items = batch_items(read_parquet(paths.fs, paths.iteration_file(context.iteration, BATCH_FILE)))
-    size = hp.text_rl.rollout_shard_size
-    shards = [items[i : i + size] for i in range(0, len(items), size)]
+    shards = batch_shards(paths, context)
     journal = (
         Path(paths.iteration_file(context.iteration, CALL_JOURNAL_FILE)) if paths.is_local else None
     )
@@ -115,9 +126,7 @@ def grow_all_trees(paths: RunPaths, context: IterationContext, progress=None) ->
         settings = rollout_settings(context, clients)
         asyncio.run(_grow_shards(paths, context, settings, shards, progress))
         tables = [
-            read_parquet(
-                paths.fs, paths.iteration_file(context.iteration, f"shards/nodes-{i:05d}.parquet")
-            )
+            read_parquet(paths.fs, paths.iteration_file(context.iteration, shard_file(i)))
             for i in range(len(shards))
         ]
         nodes = pa.concat_tables(tables)
@@ -146,3 +155,47 @@ def generate_rollouts_task(paths: RunPaths, context: IterationContext) -> str:
     with rollout_progress(context) as progress:
         grow_all_trees(paths, context, progress=progress)
     return paths.iteration_file(context.iteration, NODES_FILE)
+
+
+# ---- shards as tasks of their own, for a distributed task runner (Dask, Ray) -------------------
+
+
+def pending_shards(paths: RunPaths, context: IterationContext) -> list[int]:
+    """Shards whose stage is not finished yet."""
+    config_hash = context.hyper_params.config_hash()
+    manifest = load_manifest(paths, context.iteration, context.run_name, config_hash)
+    count = len(batch_shards(paths, context))
+    done = lambda i: stage_is_done(paths, context.iteration, manifest, shard_stage(i))  # noqa: E731
+    return [i for i in range(count) if not done(i)]
+
+
+@task(name="grow-shard", task_run_name="grow-shard-{shard_index}", **TRANSIENT_RETRY)
+def grow_shard_task(paths: RunPaths, context: IterationContext, shard_index: int) -> dict:
+    """Grow one shard's trees wherever the task runner puts this task; returns its files.
+
+    Writes only the shard's own files (its nodes and its call journal, `calls-shard-<i>.jsonl`);
+    the flow records the stage in the manifest, so workers never write the manifest at once.
+    """
+    items = batch_shards(paths, context)[shard_index]
+    journal = None
+    if paths.is_local:
+        name = f"calls-shard-{shard_index:05d}.jsonl"
+        journal = Path(paths.iteration_file(context.iteration, name))
+    clients = chat_clients(context, journal)
+    settings = rollout_settings(context, clients)
+
+    async def grow():
+        try:
+            return await grow_trees(items, settings)
+        finally:
+            await close_clients(settings.clients.values())
+
+    table = asyncio.run(grow())
+    relative = shard_file(shard_index)
+    digest = write_parquet(paths.fs, paths.iteration_file(context.iteration, relative), table)
+    return {"stage": shard_stage(shard_index), "files": {relative: digest}, "nodes": table.num_rows}
+
+
+def record_shard(paths: RunPaths, context: IterationContext, shard: dict) -> None:
+    """Record a shard grown by `grow_shard_task` (in the flow's process, one at a time)."""
+    run_stage(paths, context, shard["stage"], lambda: (shard["files"], {"nodes": shard["nodes"]}))
