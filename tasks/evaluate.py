@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from pathlib import Path
 
 from prefect import get_run_logger, task
 
@@ -49,16 +48,15 @@ def select_items(context: IterationContext, split: str) -> list[BatchItem]:
     return evaluation_items(points, count, hp.seed, split)
 
 
-def journaled_clients(context: IterationContext, journal_dir: Path | None, stem: str) -> dict:
-    """The training clients (one per endpoint), each journaling to `<stem>-calls-<i>.jsonl`."""
+def journaled_clients(paths: RunPaths, context: IterationContext, stem: str) -> dict:
+    """The training clients (one per endpoint), each journaling to `<stem>-calls-<i>.jsonl` in
+    the iteration's folder."""
     plain = chat_clients(context, None)
-    if journal_dir is None:
-        return plain
     wrapped: dict[int, JournaledClient] = {}
     for client in plain.values():
         if id(client) not in wrapped:
-            path = journal_dir / f"{stem}-calls-{len(wrapped)}.jsonl"
-            wrapped[id(client)] = JournaledClient(client, path)
+            path = paths.iteration_file(context.iteration, f"{stem}-calls-{len(wrapped)}.jsonl")
+            wrapped[id(client)] = JournaledClient(client, path, paths.fs)
     return {agent: wrapped[id(client)] for agent, client in plain.items()}
 
 
@@ -92,8 +90,7 @@ def evaluate(
 
     def compute():
         items = select_items(context, split)
-        journal_dir = Path(paths.iteration_dir(it)) if paths.is_local else None
-        clients = journaled_clients(context, journal_dir, stem)
+        clients = journaled_clients(paths, context, stem)
         settings = evaluation_settings(context, clients, split)
         nodes = asyncio.run(_grow_then_close(items, settings, progress))
         table = evaluation_table(

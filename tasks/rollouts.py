@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 from prefect import task
@@ -35,8 +35,11 @@ from tasks.prefect_artifacts import rollout_progress
 log = logging.getLogger(__name__)
 
 
-def chat_clients(context: IterationContext, journal: Path | None) -> dict[str, object]:
-    """One client per distinct endpoint, shared by the agents that use it."""
+def chat_clients(
+    context: IterationContext, journal: str | None, fs: Any = None
+) -> dict[str, object]:
+    """One client per distinct endpoint, shared by the agents that use it; with `journal`
+    (`<folder>/<stem>.jsonl` on `fs`), each journals to `<stem>-<i>.jsonl`."""
     hp = context.hyper_params
     by_endpoint: dict[tuple, object] = {}
     clients = {}
@@ -54,9 +57,8 @@ def chat_clients(context: IterationContext, journal: Path | None) -> dict[str, o
                 params, max_concurrency=hp.text_rl.max_concurrent_requests, dummy_seed=hp.seed
             )
             if journal is not None:
-                client = JournaledClient(
-                    client, journal.with_name(f"{journal.stem}-{len(by_endpoint)}.jsonl")
-                )
+                numbered = f"{journal.removesuffix('.jsonl')}-{len(by_endpoint)}.jsonl"
+                client = JournaledClient(client, numbered, fs)
             by_endpoint[key] = client
         clients[agent] = by_endpoint[key]
     return clients
@@ -117,12 +119,10 @@ async def _grow_shards(paths, context, settings, shards, progress) -> None:
 
 def grow_all_trees(paths: RunPaths, context: IterationContext, progress=None) -> dict:
     shards = batch_shards(paths, context)
-    journal = (
-        Path(paths.iteration_file(context.iteration, CALL_JOURNAL_FILE)) if paths.is_local else None
-    )
+    journal = paths.iteration_file(context.iteration, CALL_JOURNAL_FILE)
 
     def compute():
-        clients = chat_clients(context, journal)
+        clients = chat_clients(context, journal, paths.fs)
         settings = rollout_settings(context, clients)
         asyncio.run(_grow_shards(paths, context, settings, shards, progress))
         tables = [
@@ -177,11 +177,8 @@ def grow_shard_task(paths: RunPaths, context: IterationContext, shard_index: int
     the flow records the stage in the manifest, so workers never write the manifest at once.
     """
     items = batch_shards(paths, context)[shard_index]
-    journal = None
-    if paths.is_local:
-        name = f"calls-shard-{shard_index:05d}.jsonl"
-        journal = Path(paths.iteration_file(context.iteration, name))
-    clients = chat_clients(context, journal)
+    journal = paths.iteration_file(context.iteration, f"calls-shard-{shard_index:05d}.jsonl")
+    clients = chat_clients(context, journal, paths.fs)
     settings = rollout_settings(context, clients)
 
     async def grow():

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
 
 from prefect import task
 
@@ -39,10 +38,9 @@ def score_models(
     count = min(hp.text_rl.switch_guard_episodes, len(points))
     items = evaluation_items(points, count, hp.seed, "validation")
     it = context.iteration
-    journal_dir = Path(paths.iteration_dir(it)) if paths.is_local else None
     # One journal for every scoring: a call that an earlier scoring already made (an agent
     # whose model is the same in both) is replayed, not asked again.
-    clients = journaled_clients(scored, journal_dir, "guard")
+    clients = journaled_clients(paths, scored, "guard")
     settings = evaluation_settings(scored, clients, "validation")
     nodes = asyncio.run(_grow_then_close(items, settings, None))
     table = evaluation_table(

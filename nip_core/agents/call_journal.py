@@ -7,6 +7,9 @@ the next write, with one fsync, in a worker thread, so the event loop never wait
 thousands of calls per second cost a few fsyncs. On resume the journal is replayed: a call whose
 key is present returns the stored texts without reaching the model; a call killed before its
 line was written is simply made again. A torn last line (killed mid-write) is ignored.
+
+On an object store (no appends there) each group commit is one object of its own under
+`<journal>.d/`, written by a single PUT, so it appears whole or not at all; reading lists them.
 """
 
 from __future__ import annotations
@@ -16,9 +19,13 @@ import hashlib
 import json
 import logging
 import os
+import time
+import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+from fsspec.implementations.local import LocalFileSystem
 
 log = logging.getLogger(__name__)
 
@@ -34,28 +41,37 @@ def call_key(messages: list[dict], model: str, n: int, sampling: Any) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
-def read_journal(path: Path) -> dict[str, list[str]]:
+def read_journal(path: Path | str, fs: Any = None) -> dict[str, list[str]]:
+    """The journal's entries: a local JSONL file, or (with `fs`) its segments on an object store."""
+    if fs is not None:
+        folder = f"{path}.d"
+        segments = sorted(fs.find(folder)) if fs.exists(folder) else []
+        chunks = [(segment, fs.cat_file(segment).decode("utf-8")) for segment in segments]
+    else:
+        path = Path(path)
+        chunks = [(str(path), path.read_text(encoding="utf-8"))] if path.exists() else []
     entries: dict[str, list[str]] = {}
-    if not path.exists():
-        return entries
-    with open(path, encoding="utf-8") as f:
-        for line_number, line in enumerate(f, start=1):
+    for where, text in chunks:
+        for line_number, line in enumerate(text.splitlines(), start=1):
             try:
                 record = json.loads(line)
                 entries[record["key"]] = list(record["texts"])
             except (json.JSONDecodeError, KeyError, TypeError):
-                log.warning("call journal %s: ignoring unreadable line %d", path, line_number)
+                log.warning("call journal %s: ignoring unreadable line %d", where, line_number)
     return entries
 
 
 class JournaledClient:
     """Wraps a chat client; replays journaled answers and journals new ones."""
 
-    def __init__(self, inner: Any, path: Path) -> None:
+    def __init__(self, inner: Any, path: Path | str, fs: Any = None) -> None:
         self.inner = inner
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.entries = read_journal(self.path)
+        # An object store keeps segments; a local filesystem (or none given) one appended file.
+        self.fs = None if fs is None or isinstance(fs, LocalFileSystem) else fs
+        self.path: Path | str = str(path) if self.fs is not None else Path(path)
+        if self.fs is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.entries = read_journal(self.path, self.fs)
         self.replayed = 0
         self.writes = 0  # group commits (one write + fsync each)
         self._pending: list[str] = []
@@ -104,6 +120,11 @@ class JournaledClient:
                 done.set_result(None)
 
     def _write(self, text: str) -> None:
+        if self.fs is not None:  # one object per group commit: a single PUT
+            segment = f"{self.path}.d/{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.jsonl"
+            self.fs.pipe_file(segment, text.encode("utf-8"))
+            self.writes += 1
+            return
         if self._file is None:
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
         self._file.write(text)

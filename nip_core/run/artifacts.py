@@ -95,19 +95,20 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def write_bytes(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> str:
-    """Write `data` to a temporary sibling and rename it into place; returns its sha256."""
+    """Write `data` so that `path` holds either its old content or all of `data`; returns the
+    sha256. Locally: a temporary sibling, fsync'd and renamed into place. On an object store
+    (no atomic rename there): one PUT, which makes the object appear whole or not at all."""
+    if not isinstance(fs, LocalFileSystem):
+        fs.pipe_file(path, data)
+        return sha256_bytes(data)
     parent = path.rsplit("/", 1)[0]
     fs.makedirs(parent, exist_ok=True)
     tmp = f"{parent}/.tmp-{uuid.uuid4().hex}-{path.rsplit('/', 1)[-1]}"
-    if isinstance(fs, LocalFileSystem):
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    else:
-        fs.pipe_file(tmp, data)
-        fs.mv(tmp, path)
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
     return sha256_bytes(data)
 
 

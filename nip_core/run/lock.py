@@ -6,7 +6,8 @@
 Two processes writing the same run folder would interleave manifests and shards. The lock file
 records who holds it (pid, hostname, process start time); a second run refuses to start while
 that process is alive, and takes over a lock left behind by a process that died (SIGKILL, OOM).
-Object-store roots cannot be locked this way and are not locked (see the debug log).
+Object-store roots (S3) are locked by a lease taken with a conditional create instead
+(`nip_core.run.object_store_lock`, which says exactly what that guarantees).
 """
 
 from __future__ import annotations
@@ -21,8 +22,15 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from nip_core.run.artifacts import RunPaths
+from nip_core.run.object_store_lock import (
+    ObjectStoreLockedError,
+    acquire_lease,
+    hold_lease,
+    supports_conditional_create,
+)
 
 log = logging.getLogger(__name__)
 
@@ -181,16 +189,38 @@ def release(lock: Path, info: LockInfo) -> None:
         log.warning("lock %s no longer belongs to this run; left in place", lock)
 
 
+def _lease_holder_is_gone(lease: dict) -> bool:
+    """A lease taken on this host by a process that no longer runs."""
+    if lease.get("hostname") != socket.gethostname() or not isinstance(lease.get("pid"), int):
+        return False
+    holder = LockInfo(
+        lease["pid"], lease["hostname"], lease.get("started", 0.0), lease.get("proc_start"), ""
+    )
+    return not holder_alive(holder)
+
+
 @contextlib.contextmanager
-def run_lock(run_dir: str | os.PathLike, *, local: bool = True) -> Iterator[Path | None]:
+def run_lock(
+    run_dir: str | os.PathLike, *, local: bool = True, fs: Any = None
+) -> Iterator[Path | str | None]:
     """Hold `<run_dir>/.lock` for the duration of the block; yields the lock path.
 
-    `local=False` (object-store roots: no atomic exclusive create there) skips locking and
-    yields None.
+    `local=False`: an object store's lease lock on `fs` (see `object_store_lock`); without
+    conditional create there, the folder is not locked (a warning says so) and None is yielded.
     """
     if not local:
-        log.debug("run folder %s is not on a local filesystem: not locked", run_dir)
-        yield None
+        path = f"{str(run_dir).rstrip('/')}/{LOCK_NAME}"
+        if not supports_conditional_create(fs):
+            log.warning("run folder %s: this store has no conditional create; not locked", run_dir)
+            yield None
+            return
+        me = {"pid": os.getpid(), "proc_start": process_start_tick(os.getpid())}
+        try:
+            token = acquire_lease(fs, path, owner=me, holder_is_gone=_lease_holder_is_gone)
+        except ObjectStoreLockedError as e:
+            raise RunLockedError(str(e)) from None
+        with hold_lease(fs, path, token):
+            yield path
         return
     lock, info = acquire(run_dir)
     try:
@@ -199,6 +229,6 @@ def run_lock(run_dir: str | os.PathLike, *, local: bool = True) -> Iterator[Path
         release(lock, info)
 
 
-def lock_run_folder(paths: RunPaths) -> contextlib.AbstractContextManager[Path | None]:
-    """`run_lock` for a run's folder (skipped on object stores)."""
-    return run_lock(paths.run_dir, local=paths.is_local)
+def lock_run_folder(paths: RunPaths) -> contextlib.AbstractContextManager[Path | str | None]:
+    """`run_lock` for a run's folder (a lease lock on object stores)."""
+    return run_lock(paths.run_dir, local=paths.is_local, fs=paths.fs)
