@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,9 +15,6 @@ import pytest
 import flows.malt_iteration as malt_iteration_command
 from flows.malt_iteration import malt_iteration
 from flows.malt_run import malt_run
-from nip_core.parameters import HyperParameters
-from nip_core.run.artifacts import RunPaths
-from nip_core.run.tracking import open_tracker
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = [
@@ -94,15 +92,25 @@ def test_malt_run_shows_one_subflow_run_per_iteration(prefect_harness, tmp_path)
     assert {"subflows-iteration-0", "subflows-iteration-1"} <= asyncio.run(run_names())
 
 
-def test_wandb_dir_is_honoured(tmp_path, monkeypatch):
+def test_wandb_dir_is_honoured(tmp_path):
+    """In a fresh process (wandb reads its settings once per process)."""
     pytest.importorskip("wandb")
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-here"))
+    code = (
+        "import sys\n"
+        "from nip_core.parameters import HyperParameters\n"
+        "from nip_core.run.artifacts import RunPaths\n"
+        "from nip_core.run.tracking import open_tracker\n"
+        "paths = RunPaths.open(sys.argv[1], 'exp')\n"
+        "tracker = open_tracker(paths, HyperParameters.construct_test_params(), 'exp')\n"
+        "tracker.log({'a': 1.0}, 0)\n"
+        "tracker.finish()\n"
+    )
     (tmp_path / "wandb-here").mkdir()
-    paths = RunPaths.open(str(tmp_path / "root"), "exp")
-    tracker = open_tracker(paths, HyperParameters.construct_test_params(), "exp")
-    tracker.log({"a": 1.0}, 0)
-    tracker.finish()
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb-here")}
+    subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "root")], cwd=REPO, env=env, check=True,
+        timeout=120, capture_output=True,
+    )  # fmt: skip
     assert list((tmp_path / "wandb-here").rglob("*.wandb"))
     assert not (tmp_path / "root" / "exp" / "wandb").exists()
 

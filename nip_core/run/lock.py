@@ -210,7 +210,7 @@ def run_lock(
     """
     if not local:
         path = f"{str(run_dir).rstrip('/')}/{LOCK_NAME}"
-        if not supports_conditional_create(fs):
+        if fs is None or not supports_conditional_create(fs):
             log.warning("run folder %s: this store has no conditional create; not locked", run_dir)
             yield None
             return
