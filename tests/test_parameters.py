@@ -339,3 +339,19 @@ def test_agents_are_immutable_but_copy_and_pickle():
     added = with_default.replace_agent("prover", use_lora=False)
     assert (added["prover"].lora_rank, added["prover"].use_lora) == (2, False)
     assert "prover" not in agents
+
+
+def test_config_hash_survives_a_new_setting_with_a_default():
+    """A package upgrade that adds a setting (here: a field missing from a stored dict, as an
+    older version wrote it) keeps the run's hash, so the run still resumes."""
+    params = HyperParameters.construct_test_params()
+    stored = params.to_dict()
+    for agent in stored["agents"].values():
+        if isinstance(agent, dict):
+            agent.pop("model_server_replicas")
+    stored["rl"].pop("num_epochs")
+    assert HyperParameters.from_dict(stored).config_hash() == params.config_hash()
+    changed = params.to_dict()
+    changed["rl"]["num_epochs"] = 3
+    assert HyperParameters.from_dict(changed).config_hash() != params.config_hash()
+    assert "model_server_replicas" not in str(params.without_defaults())

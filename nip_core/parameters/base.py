@@ -144,6 +144,24 @@ class BaseParameters(ParameterValue):
         out[TYPE_KEY] = type(self).__name__
         return out
 
+    def without_defaults(self) -> dict:
+        """`to_dict()` without the fields that hold their default value (recursively): what sets
+        this configuration apart. A field added later with a default does not change it, so a
+        run's identity (`config_hash`) survives a package upgrade that adds settings."""
+        out: dict[str, Any] = {TYPE_KEY: type(self).__name__}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.default is not dataclasses.MISSING:
+                default = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                default = f.default_factory()
+            else:
+                default = dataclasses.MISSING
+            if default is not dataclasses.MISSING and _same(value, default):
+                continue
+            out[f.name] = _without_defaults(value)
+        return out
+
     @classmethod
     def from_dict(cls, params_dict: dict, ignore_extra_keys: bool = False) -> Self:
         """Rebuild from `to_dict` output; the input is never modified.
@@ -179,6 +197,19 @@ class BaseParameters(ParameterValue):
     def get(self, address: str) -> Any:
         """The value at a dotted address such as `"agents.verifier.lora_rank"` (KeyError if none)."""
         return get_address(self, address)
+
+
+def _same(value: Any, default: Any) -> bool:
+    """Equal and of the same type (1 and 1.0 and True differ as settings)."""
+    return type(value) is type(default) and value == default
+
+
+def _without_defaults(value: Any) -> Any:
+    if isinstance(value, BaseParameters):
+        return value.without_defaults()
+    if isinstance(value, dict):
+        return {k: _without_defaults(v) for k, v in value.items()}
+    return serialise(value)
 
 
 def _step(obj: Any, key: str, walked: str) -> Any:

@@ -98,8 +98,9 @@ class HyperParameters(BaseParameters):
         return super().from_dict(converted, ignore_extra_keys=ignore_extra_keys)
 
     def config_hash(self) -> str:
-        """Stable sha256 hex digest of the canonical JSON form (sorted keys, no package meta)."""
-        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """Stable sha256 hex digest of what differs from the defaults (`without_defaults`, sorted
+        keys, no package meta): adding a setting with a default keeps every run's hash."""
+        text = json.dumps(self.without_defaults(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
     @classmethod
