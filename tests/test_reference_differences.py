@@ -67,3 +67,46 @@ def test_the_vllm_engine_gets_the_agents_vllm_server_port(tmp_path, monkeypatch)
     (command,) = commands
     assert command[command.index("--vllm-port") + 1] == "8123"
     assert command[command.index("--port") + 1] == "5999"
+
+
+def test_gpu_settings_reach_the_vllm_and_training_command_lines(tmp_path, monkeypatch):
+    """Config -> our server's flags -> `vllm serve` and `accelerate launch` argv (unit level:
+    no GPU here)."""
+    from pathlib import Path as P
+
+    from nip_core.lm_server.__main__ import _parse, vllm_options
+    from nip_core.lm_server.engines.vllm.config import VllmServeConfig, vllm_command
+    from nip_core.lm_server.procs import training_command
+
+    hp = apply_overrides(
+        HyperParameters.construct_test_params(),
+        [
+            "agents._default.model_provider=SelfHosted",
+            "agents._default.use_dummy_api=false",
+            "agents._default.vllm_tensor_parallel_size=4",
+            "agents._default.vllm_data_parallel_size=2",
+            "agents._default.vllm_gpu_memory_utilization=0.7",
+            "agents._default.vllm_max_model_len=8192",
+            "agents._default.lora_rank=32",
+            "agents._default.training_num_processes=8",
+            "agents._default.training_deepspeed_config=zero2.json",
+        ],
+    )
+    flags = launch.server_options(build_context(hp, "r", 0), "vllm")
+    server_args = _parse(["--engine", "vllm", *flags])
+    argv = vllm_command(VllmServeConfig(model="m", **vllm_options(server_args)))
+    pairs = dict(zip(argv, argv[1:], strict=False))
+    assert pairs["--tensor-parallel-size"] == "4" and pairs["--data-parallel-size"] == "2"
+    assert pairs["--gpu-memory-utilization"] == "0.7" and pairs["--max-model-len"] == "8192"
+    assert pairs["--max-lora-rank"] == "32" and pairs["--port"] == "8000"
+    command = training_command(
+        P("/jobs/j1"), server_args.train_processes, server_args.train_deepspeed_config
+    )
+    assert command[1:3] == ["-m", "accelerate.commands.launch"]
+    assert command[command.index("--num_processes") + 1] == "8" and "--multi_gpu" in command
+    assert command[command.index("--deepspeed_config_file") + 1] == "zero2.json"
+    assert command[-3:] == ["-m", "nip_core.lm_server.train_job", "/jobs/j1"]
+    # One GPU (the default): the plain child, as before.
+    assert training_command(P("/jobs/j1"))[1:] == ["-m", "nip_core.lm_server.train_job", "/jobs/j1"]
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        VllmServeConfig(model="m", tensor_parallel_size=0)

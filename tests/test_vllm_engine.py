@@ -142,7 +142,7 @@ def test_default_command_line() -> None:
 def test_command_line_options_quantization_and_extra_args() -> None:
     config = VllmServeConfig(
         "m", max_loras=3, max_cpu_loras=8, max_lora_rank=24, quantization="bitsandbytes",
-        gpu_memory_utilization=0.5, extra_args=["--max-model-len", "4096"], vllm_executable="/x/vllm",
+        gpu_memory_utilization=0.5, extra_args=["--enforce-eager", "--seed=1"], vllm_executable="/x/vllm",
     )  # fmt: skip
     cmd = vllm_command(config)
     assert cmd[:3] == ["/x/vllm", "serve", "m"]
@@ -151,7 +151,7 @@ def test_command_line_options_quantization_and_extra_args() -> None:
     assert cmd[cmd.index("--max-cpu-loras") + 1] == "8"
     assert cmd[cmd.index("--quantization") + 1] == "bitsandbytes"
     assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.5"
-    assert cmd[-2:] == ["--max-model-len", "4096"]
+    assert cmd[-2:] == ["--enforce-eager", "--seed=1"]
     assert "--quantization" not in vllm_command(VllmServeConfig("m", quantization="none"))
 
 

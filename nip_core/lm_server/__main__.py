@@ -32,7 +32,33 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="dummy engine only: how long each fake training job takes",
     )
     parser.add_argument("--vllm-port", type=int, default=8001, help="port of the vLLM child")
+    vllm = parser.add_argument_group("vllm engine (passed to `vllm serve`)")
+    vllm.add_argument("--vllm-tensor-parallel-size", type=int, default=1)
+    vllm.add_argument("--vllm-data-parallel-size", type=int, default=1)
+    vllm.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.85)
+    vllm.add_argument("--vllm-max-model-len", type=int, default=None)
+    vllm.add_argument("--vllm-max-loras", type=int, default=2)
+    vllm.add_argument("--vllm-max-lora-rank", type=int, default=64)
+    training = parser.add_argument_group("training")
+    training.add_argument(
+        "--train-processes", type=int, default=1, help="GPUs per job (`accelerate launch`)"
+    )
+    training.add_argument("--train-deepspeed-config", help="DeepSpeed config file (ZeRO)")
     return parser.parse_args(argv)
+
+
+def vllm_options(args: argparse.Namespace) -> dict:
+    """The vLLM engine's options from the command line."""
+    return {
+        "port": args.vllm_port,
+        "host": args.host,
+        "tensor_parallel_size": args.vllm_tensor_parallel_size,
+        "data_parallel_size": args.vllm_data_parallel_size,
+        "gpu_memory_utilization": args.vllm_gpu_memory_utilization,
+        "max_model_len": args.vllm_max_model_len,
+        "max_loras": args.vllm_max_loras,
+        "max_lora_rank": args.vllm_max_lora_rank,
+    }
 
 
 def _model_and_name(model: str | None) -> tuple[str, str | None]:
@@ -61,12 +87,18 @@ def main(argv: list[str] | None = None) -> None:
         model, public_name = EMBEDDED_MODEL_NAME, None  # canned answers need no weights
     else:
         model, public_name = _model_and_name(args.model)
-    opts = {"port": args.vllm_port, "host": args.host} if args.engine == "vllm" else {}
+    opts = vllm_options(args) if args.engine == "vllm" else {}
     engine = make_engine(args.engine, model, **opts)
     state_dir = Path(args.state_dir) if args.state_dir else cache_root() / "lm-server-state"
     token = os.environ.get("NIP_LM_SERVER_TOKEN") or None
     app = create_app(
-        engine, state_dir, token, base_name=public_name, fake_seconds=args.fake_train_seconds
+        engine,
+        state_dir,
+        token,
+        base_name=public_name,
+        fake_seconds=args.fake_train_seconds,
+        train_processes=args.train_processes,
+        deepspeed_config=args.train_deepspeed_config,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 

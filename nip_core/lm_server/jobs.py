@@ -51,6 +51,8 @@ class JobManager:
         self.fake = bool(opts.get("fake", engine.name == "dummy"))
         self.fake_seconds = float(opts.get("fake_seconds", 0.0))
         self.poll_interval = float(opts.get("poll_interval", 0.3))
+        self.train_processes = int(opts.get("train_processes", 1))
+        self.deepspeed_config = opts.get("deepspeed_config")
         self.jobs: dict[str, dict] = {}
         self.adapters: dict[str, dict] = {}
         self._children: dict[str, subprocess.Popen] = {}
@@ -257,7 +259,7 @@ class JobManager:
 
     async def _launch(self, job: dict) -> None:
         await self.engine.release_accelerator()
-        child = procs.spawn_training(self._dir(job))
+        child = procs.spawn_training(self._dir(job), self.train_processes, self.deepspeed_config)
         self._children[job["id"]] = child
         job.update(status="validating_files", _pid=child.pid)
         job["_pid_start"] = procs.process_start_time(child.pid)

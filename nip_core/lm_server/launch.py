@@ -53,12 +53,32 @@ def self_hosted_endpoint(context: IterationContext) -> tuple[str, str, int] | No
     return None
 
 
-def vllm_port(context: IterationContext) -> int:
-    """The `vllm_server_port` of the first self-hosted agent (nip's port of the vLLM server)."""
-    for params in context.agent_params.values():
-        if provider_of(params).self_hosted and not params.use_dummy_api:
-            return params.vllm_server_port
-    raise ValueError("no self-hosted agent in this run")
+def server_options(context: IterationContext, engine: str) -> list[str]:
+    """Our server's engine and training flags from the self-hosted agents' settings: vLLM's
+    port, parallelism, memory share, context length and LoRA rank limit; GPUs per training job."""
+    agents = [
+        p
+        for p in context.agent_params.values()
+        if provider_of(p).self_hosted and not p.use_dummy_api
+    ]
+    if not agents:
+        return []
+    first = agents[0]
+    options = ["--train-processes", str(first.training_num_processes)]
+    if first.training_deepspeed_config:
+        options += ["--train-deepspeed-config", first.training_deepspeed_config]
+    if engine != "vllm":
+        return options
+    options += [
+        "--vllm-port", str(first.vllm_server_port),
+        "--vllm-tensor-parallel-size", str(first.vllm_tensor_parallel_size),
+        "--vllm-data-parallel-size", str(first.vllm_data_parallel_size),
+        "--vllm-gpu-memory-utilization", str(first.vllm_gpu_memory_utilization),
+        "--vllm-max-lora-rank", str(max(p.lora_rank for p in agents)),
+    ]  # fmt: skip
+    if first.vllm_max_model_len is not None:
+        options += ["--vllm-max-model-len", str(first.vllm_max_model_len)]
+    return options
 
 
 def is_up(url: str) -> bool:
@@ -86,8 +106,7 @@ def ensure_lm_server(
         sys.executable, "-m", "nip_core.lm_server",
         "--engine", engine, "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
-    if engine == "vllm":  # the agent's `vllm_server_port`: where our server runs its vLLM child
-        command += ["--vllm-port", str(vllm_port(context))]
+    command += server_options(context, engine)
     if state_dir is not None:
         state_dir.mkdir(parents=True, exist_ok=True)
         command += ["--state-dir", str(state_dir)]

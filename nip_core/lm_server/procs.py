@@ -38,14 +38,33 @@ def is_alive(pid: int, start_time: int | None) -> bool:
     return current is not None and (start_time is None or current == start_time)
 
 
-def spawn_training(job_dir: Path) -> subprocess.Popen:
-    """Start `python -m nip_core.lm_server.train_job <job_dir>` with its log in the job dir."""
+def training_command(
+    job_dir: Path, num_processes: int = 1, deepspeed_config: str | None = None
+) -> list[str]:
+    """The training child's argv: `python -m nip_core.lm_server.train_job <job_dir>`, or the
+    same module under `accelerate launch` on `num_processes` GPUs (optionally DeepSpeed)."""
+    job = ["-m", "nip_core.lm_server.train_job", str(job_dir)]
+    if num_processes == 1 and deepspeed_config is None:
+        return [sys.executable, *job]
+    launch = [sys.executable, "-m", "accelerate.commands.launch"]
+    launch += ["--num_processes", str(num_processes)]
+    if num_processes > 1:
+        launch += ["--multi_gpu"]
+    if deepspeed_config is not None:
+        launch += ["--use_deepspeed", "--deepspeed_config_file", str(deepspeed_config)]
+    return [*launch, *job]
+
+
+def spawn_training(
+    job_dir: Path, num_processes: int = 1, deepspeed_config: str | None = None
+) -> subprocess.Popen:
+    """Start the training child (`training_command`) with its log in the job dir."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     with open(job_dir / "train.log", "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "nip_core.lm_server.train_job", str(job_dir)],
+            training_command(job_dir, num_processes, deepspeed_config),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -147,6 +147,18 @@ class PureTextAgentParameters(AgentParameters):
     agent's model, e.g. vLLM replicas: chat requests go to the replica with the fewest requests
     in flight, and a request that fails on one is retried on another. Fine-tuning still goes to
     the provider's endpoint. None: the provider's endpoint serves chat too (ours, not nip's)."""
+    vllm_tensor_parallel_size: int = 1
+    """Self-hosted `vllm` engine: GPUs one model instance is split over (ours, not nip's)."""
+    vllm_data_parallel_size: int = 1
+    """Self-hosted `vllm` engine: model instances behind our one server (ours)."""
+    vllm_gpu_memory_utilization: float = 0.85
+    """Self-hosted `vllm` engine: the share of GPU memory vLLM may take (ours)."""
+    vllm_max_model_len: int | None = None
+    """Self-hosted `vllm` engine: the context length to serve (None: the model's own; ours)."""
+    training_num_processes: int = 1
+    """Self-hosted training: GPUs per fine-tune job, via `accelerate launch` (ours)."""
+    training_deepspeed_config: str | None = None
+    """Self-hosted training: a DeepSpeed config file (e.g. ZeRO-2) for `accelerate launch`."""
     dpo_loss_type: DpoLossType | None = None
     """TRL's pairwise DPO loss for self-hosted training (None: "sigmoid", the DPO paper's).
     Not a nip field; sent in our server's training extension only."""

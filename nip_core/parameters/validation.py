@@ -26,6 +26,9 @@ _POSITIVE = {
     "max_message_rounds",
     "per_device_train_batch_size",
     "switch_guard_episodes",
+    "vllm_tensor_parallel_size",
+    "vllm_data_parallel_size",
+    "training_num_processes",
 }
 _UNSUPPORTED = {
     ("scenario", "graph_isomorphism"): "nip's tensor scenarios are not supported",
@@ -113,6 +116,14 @@ def _agent_rules(p: Any) -> None:
     timeout = p.request_timeout_seconds
     if timeout is not None:
         _require(timeout > 0, f"{name}.request_timeout_seconds: must be > 0, got {timeout}")
+    _in_range(
+        name, "vllm_gpu_memory_utilization", p.vllm_gpu_memory_utilization, 0, 1, open_low=True
+    )
+    _require(
+        p.vllm_max_model_len is None or p.vllm_max_model_len >= 1,
+        f"{name}.vllm_max_model_len: must be >= 1",
+    )
+    _require(p.training_num_processes >= 1, f"{name}.training_num_processes: must be >= 1")
     for url in p.model_server_replicas or ():
         _require(
             isinstance(url, str) and url.startswith(("http://", "https://")),

@@ -19,7 +19,8 @@ ALLOWED_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # Flags the engine sets itself; passing them again in `extra_args` would silently conflict.
 MANAGED_FLAGS = tuple(
     "--host --port --enable-lora --max-loras --max-lora-rank --max-cpu-loras "
-    "--gpu-memory-utilization --quantization".split()
+    "--gpu-memory-utilization --quantization --tensor-parallel-size --data-parallel-size "
+    "--max-model-len".split()
 )
 _WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 
@@ -62,6 +63,9 @@ class VllmServeConfig:
     max_cpu_loras: int | None = None
     gpu_memory_utilization: float = 0.85
     quantization: str | None = None
+    tensor_parallel_size: int = 1  # GPUs one model instance is split over
+    data_parallel_size: int = 1  # model instances behind one server
+    max_model_len: int | None = None  # None: the model's own context length
     extra_args: tuple[str, ...] = field(default=())
     vllm_executable: str = "vllm"
 
@@ -78,6 +82,14 @@ class VllmServeConfig:
                 f"max_cpu_loras ({self.max_cpu_loras!r}) must be an integer >= "
                 f"max_loras ({self.max_loras})"
             )
+        for name in ("tensor_parallel_size", "data_parallel_size"):
+            size = getattr(self, name)
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {size!r}")
+        if self.max_model_len is not None and not (
+            isinstance(self.max_model_len, int) and self.max_model_len >= 1
+        ):
+            raise ValueError(f"max_model_len must be None or >= 1, got {self.max_model_len!r}")
         gmu = self.gpu_memory_utilization
         if not (isinstance(gmu, int | float) and math.isfinite(gmu) and 0 < gmu <= 1):
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gmu!r}")
@@ -104,6 +116,12 @@ def vllm_command(config: VllmServeConfig) -> list[str]:
     cmd += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
     if config.quantization:
         cmd += ["--quantization", config.quantization]
+    if config.tensor_parallel_size > 1:
+        cmd += ["--tensor-parallel-size", str(config.tensor_parallel_size)]
+    if config.data_parallel_size > 1:
+        cmd += ["--data-parallel-size", str(config.data_parallel_size)]
+    if config.max_model_len is not None:
+        cmd += ["--max-model-len", str(config.max_model_len)]
     return cmd + list(config.extra_args)
 
 
