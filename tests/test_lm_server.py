@@ -181,7 +181,7 @@ def test_job_on_unknown_model_or_file_is_404(client):
 def test_load_lora_adapter_bad_path_is_400(server, tmp_path):
     response = httpx.post(
         server.url + "/v1/load_lora_adapter",
-        json={"lora_name": "x", "lora_path": str(tmp_path / "missing")},
+        json={"lora_name": "x", "lora_path": str(server.state_dir / "missing")},
     )
     assert response.status_code == 400
     assert "does not exist" in response.json()["error"]["message"]
@@ -189,9 +189,9 @@ def test_load_lora_adapter_bad_path_is_400(server, tmp_path):
     assert unload.status_code == 404 and "never" in unload.json()["error"]["message"]
 
 
-def test_load_and_unload_adapter_by_hand(server, client, tmp_path):
-    adapter = tmp_path / "adapter"
-    adapter.mkdir()
+def test_load_and_unload_adapter_by_hand(server, client):
+    adapter = server.state_dir / "by-hand" / "adapter"  # adapters load from the state folder
+    adapter.mkdir(parents=True)
     (adapter / "adapter_config.json").write_text("{}")
     body = {"lora_name": "hand-made", "lora_path": str(adapter)}
     assert httpx.post(server.url + "/v1/load_lora_adapter", json=body).status_code == 200

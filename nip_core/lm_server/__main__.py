@@ -17,6 +17,8 @@ from pathlib import Path
 
 from nip_core.lm_server.engines import ENGINE_NAMES, make_engine
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m nip_core.lm_server", description=__doc__)
@@ -39,6 +41,16 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     vllm.add_argument("--vllm-max-model-len", type=int, default=None)
     vllm.add_argument("--vllm-max-loras", type=int, default=2)
     vllm.add_argument("--vllm-max-lora-rank", type=int, default=64)
+    parser.add_argument(
+        "--allow-adapters-anywhere",
+        action="store_true",
+        help="load_lora_adapter may read folders outside the state folder",
+    )
+    parser.add_argument(
+        "--insecure-no-token",
+        action="store_true",
+        help="serve on a non-loopback address without NIP_LM_SERVER_TOKEN",
+    )
     training = parser.add_argument_group("training")
     training.add_argument(
         "--train-processes", type=int, default=1, help="GPUs per job (`accelerate launch`)"
@@ -77,6 +89,12 @@ def main(argv: list[str] | None = None) -> None:
     from nip_core.lm_server.embedded_model import cache_root
 
     args = _parse(argv)
+    token = os.environ.get("NIP_LM_SERVER_TOKEN") or None
+    if args.host not in LOOPBACK and token is None and not args.insecure_no_token:
+        raise SystemExit(
+            f"error: serving on {args.host} needs a token: set NIP_LM_SERVER_TOKEN (clients send "
+            "it as the bearer token), or pass --insecure-no-token"
+        )
     logging.basicConfig(
         level=os.environ.get("NIP_LM_SERVER_LOG_LEVEL", "WARNING").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -90,7 +108,6 @@ def main(argv: list[str] | None = None) -> None:
     opts = vllm_options(args) if args.engine == "vllm" else {}
     engine = make_engine(args.engine, model, **opts)
     state_dir = Path(args.state_dir) if args.state_dir else cache_root() / "lm-server-state"
-    token = os.environ.get("NIP_LM_SERVER_TOKEN") or None
     app = create_app(
         engine,
         state_dir,
@@ -99,6 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         fake_seconds=args.fake_train_seconds,
         train_processes=args.train_processes,
         deepspeed_config=args.train_deepspeed_config,
+        allow_any_adapter_path=args.allow_adapters_anywhere,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 

@@ -27,7 +27,7 @@ from nip_core.lm_server.store import StateDir
 _SAMPLING = {
     "temperature": (float, 0.0, 2.0),
     "top_p": (float, 0.0, 1.0),
-    "max_tokens": (int, 1, None),
+    "max_tokens": (int, 1, 32768),
     "seed": (int, None, None),
     "repetition_penalty": (float, 0.0, None),
 }
@@ -90,9 +90,12 @@ def create_app(
     token: str | None = None,
     *,
     base_name: str | None = None,
+    max_body_bytes: int = 8 * 2**20,
+    max_file_bytes: int = 512 * 2**20,
     **job_opts: Any,
 ) -> FastAPI:
-    """The server app for `engine`; `base_name` is the public name of the engine's base model."""
+    """The server app for `engine`; `base_name` is the public name of the engine's base model.
+    Request bodies over `max_body_bytes` (uploaded files: `max_file_bytes`) get HTTP 413."""
     state = StateDir(state_dir)
     public_base = base_name or engine.models()[0]
     jobs = JobManager(engine, state, public_base, **job_opts)
@@ -109,12 +112,55 @@ def create_app(
 
     app = FastAPI(title="nip-malt language-model server", lifespan=lifespan)
     app.state.jobs = jobs
+    app.add_middleware(BodySizeLimit, limit=max_body_bytes, file_limit=max_file_bytes)
     _add_auth_and_errors(app, token)
     _add_model_routes(app, engine, jobs, public_base)
     _add_file_routes(app, state)
     _add_job_routes(app, jobs)
     _add_adapter_routes(app, jobs)
     return app
+
+
+class BodySizeLimit:
+    """ASGI middleware: HTTP 413 for a body over the limit, before it is read whole (by its
+    Content-Length, or while it streams in when there is none)."""
+
+    def __init__(self, app: Any, limit: int, file_limit: int) -> None:
+        self.app, self.limit, self.file_limit = app, limit, file_limit
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.file_limit if scope["path"] == "/v1/files" else self.limit
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await _too_large(send, limit)
+            return
+        seen = 0
+
+        async def counted() -> dict:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise _BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _BodyTooLarge:
+            await _too_large(send, limit)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def _too_large(send: Any, limit: int) -> None:
+    response = _error(413, f"request body over {limit} bytes", code="request_too_large")
+    await response({"type": "http"}, None, send)
 
 
 def _add_auth_and_errors(app: FastAPI, token: str | None) -> None:

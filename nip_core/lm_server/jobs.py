@@ -10,6 +10,7 @@ a job whose child died with the server is marked failed.
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -22,6 +23,11 @@ from nip_core.lm_server.store import StateDir, append_event, read_json
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 ACTIVE = ("validating_files", "running")
+
+
+SAFE_SUFFIX = re.compile(r"[A-Za-z0-9._-]{0,64}")
+# Served model names: our fine-tuned ones look like `ft:<base>:<suffix>:<job id>`.
+SAFE_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,255}")
 
 
 class JobError(ValueError):
@@ -53,6 +59,7 @@ class JobManager:
         self.poll_interval = float(opts.get("poll_interval", 0.3))
         self.train_processes = int(opts.get("train_processes", 1))
         self.deepspeed_config = opts.get("deepspeed_config")
+        self.allow_any_adapter_path = bool(opts.get("allow_any_adapter_path", False))
         self.jobs: dict[str, dict] = {}
         self.adapters: dict[str, dict] = {}
         self._children: dict[str, subprocess.Popen] = {}
@@ -107,8 +114,19 @@ class JobManager:
         if not isinstance(model, str) or not isinstance(file_id, str):
             raise JobError("'model' and 'training_file' are required strings", 400, "model")
         base_path, parent = self.served_base(model)
-        if self.state.file_meta(file_id) is None:
+        try:
+            known = self.state.file_meta(file_id) is not None
+        except KeyError:  # a malformed id names no file
+            known = False
+        if not known:
             raise JobError(f"training file {file_id!r} not found", 404, "training_file")
+        suffix = body.get("suffix")
+        if suffix is not None and not (isinstance(suffix, str) and SAFE_SUFFIX.fullmatch(suffix)):
+            raise JobError(
+                f"suffix must be at most 64 letters, digits, '.', '_' or '-', got {suffix!r}",
+                400,
+                "suffix",
+            )
         metadata = body.get("metadata") or {}
         if not isinstance(metadata, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
@@ -344,9 +362,25 @@ class JobManager:
     # ---- adapters loaded by hand (vLLM-style endpoints) --------------------------------------
 
     async def load_adapter(self, name: str, path: str) -> None:
-        """Load an adapter from disk under `name` and remember it across restarts."""
-        if not name or name == self.base_name:
-            raise AdapterError(f"adapter name {name!r} is empty or clashes with the base model")
+        """Load an adapter from disk under `name` and remember it across restarts.
+
+        The name must be a plain model name (letters, digits, `.`, `_`, `:`, `-`, no `..`); the
+        folder must lie inside the server's state folder unless the server allows any path.
+        """
+        if not SAFE_MODEL_NAME.fullmatch(name or "") or ".." in name:
+            raise AdapterError(
+                f"adapter name {name!r} must be letters, digits, '.', '_', ':' or '-'"
+            )
+        if name == self.base_name:
+            raise AdapterError(f"adapter name {name!r} clashes with the base model")
+        resolved = Path(path).resolve()
+        if not self.allow_any_adapter_path and not resolved.is_relative_to(
+            self.state.root.resolve()
+        ):
+            raise AdapterError(
+                f"adapter path {path!r} is outside the server's state folder "
+                "(start the server with --allow-adapters-anywhere to load it)"
+            )
         if not Path(path).is_dir():
             raise AdapterError(f"adapter path {path!r} does not exist or is not a directory")
         async with self._lock:
