@@ -94,7 +94,9 @@ def test_offline_unless_the_user_configured_wandb(tmp_path):
     no_netrc = {"NETRC": str(tmp_path / "missing")}
     assert default_mode(no_netrc) == "offline"
     assert default_mode({**no_netrc, "WANDB_MODE": "disabled"}) == "disabled"
-    assert default_mode({**no_netrc, "WANDB_API_KEY": "x" * 40}) is None
+    # A key or a login alone never goes online: only WANDB_MODE=online does.
+    assert default_mode({**no_netrc, "WANDB_API_KEY": "x" * 40}) == "offline"
+    assert default_mode({**no_netrc, "WANDB_MODE": "online"}) == "online"
     netrc = tmp_path / "netrc"
     netrc.write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
     assert wandb_configured({"NETRC": str(netrc)})

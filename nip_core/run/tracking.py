@@ -4,8 +4,8 @@
 imported, a `NullTracker` with the same three methods (`start`, `log`, `finish`). A tracking
 failure is logged and tracking stops; it never stops training.
 
-Mode: whatever the user configured wins (`WANDB_MODE`, `WANDB_API_KEY`, or a `wandb login`
-entry in netrc); with nothing configured the run is offline (`wandb sync` uploads it later).
+Mode: `WANDB_MODE` when set, else offline (`wandb sync` uploads it later): an API key or a login
+alone never makes a run wait on the network.
 Metrics are plotted against an "iteration" axis (wandb `define_metric`), so an evaluation logged
 after the fact for an earlier iteration is kept rather than dropped as an out-of-order step.
 """
@@ -119,16 +119,16 @@ def wandb_configured(env: Mapping[str, str] | None = None) -> bool:
         return False
 
 
-def default_mode(env: Mapping[str, str] | None = None) -> str | None:
-    """The user's WANDB_MODE; else None (wandb's default) if logged in; else "offline".
+def default_mode(env: Mapping[str, str] | None = None) -> str:
+    """The user's WANDB_MODE, else "offline": a run never waits on the network unless online
+    logging was asked for explicitly (`WANDB_MODE=online`), even with an API key or a login
+    (with no network, wandb's online start stalled a run for 90 s).
 
     Always passed to `wandb.init` explicitly: wandb keeps the settings of its first `init` in a
     process, so a later change of WANDB_MODE would otherwise be ignored.
     """
     env = os.environ if env is None else env
-    if env.get("WANDB_MODE"):
-        return env["WANDB_MODE"]
-    return None if wandb_configured(env) else "offline"
+    return env.get("WANDB_MODE") or "offline"
 
 
 # --------------------------------------------------------------------------------------------
