@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import netrc
 import os
 import re
 import struct
@@ -22,7 +21,6 @@ import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 from nip_core.parameters import HyperParameters
 from nip_core.run.artifacts import RunPaths, read_bytes, write_bytes
@@ -104,19 +102,6 @@ def iteration_metrics(stats: Mapping[str, Any]) -> dict[str, float]:
 
 # --------------------------------------------------------------------------------------------
 # Mode selection
-
-
-def wandb_configured(env: Mapping[str, str] | None = None) -> bool:
-    """True if the user set wandb up: WANDB_MODE, WANDB_API_KEY or a netrc login for the host."""
-    env = os.environ if env is None else env
-    if env.get("WANDB_MODE") or env.get("WANDB_API_KEY"):
-        return True
-    host = urlsplit(env.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname
-    path = env.get("NETRC") or os.path.expanduser("~/.netrc")
-    try:
-        return bool(host) and netrc.netrc(path).authenticators(host) is not None
-    except (OSError, netrc.NetrcParseError):
-        return False
 
 
 def default_mode(env: Mapping[str, str] | None = None) -> str:
