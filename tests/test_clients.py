@@ -34,6 +34,7 @@ from nip_core.agents.clients import (
     make_chat_client,
     request_timeout,
 )
+from nip_core.agents.http_client import DirectHttpChatClient
 from nip_core.agents.retry import is_transient
 from nip_core.parameters import PureTextAgentParameters
 
@@ -153,15 +154,25 @@ def server() -> Iterator[FakeServer]:
 
 
 @pytest.fixture
-def key_env(monkeypatch: pytest.MonkeyPatch) -> str:
+def key_env(monkeypatch: pytest.MonkeyPatch, client_class: type) -> str:
     monkeypatch.setenv(KEY_ENV, SECRET)
     return KEY_ENV
+
+
+CLIENT_CLASS: dict[int, type] = {0: OpenAIChatClient}
+
+
+@pytest.fixture(params=[OpenAIChatClient, DirectHttpChatClient], ids=["sdk", "direct-http"])
+def client_class(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> type:
+    """Every HTTP test runs against both request paths: the SDK's and the direct one."""
+    monkeypatch.setitem(CLIENT_CLASS, 0, request.param)
+    return request.param
 
 
 def fast_client(url: str, key: str | None, **kw: object) -> OpenAIChatClient:
     settings = {"max_retries": 3, "backoff_base": 0.001, "backoff_max": 0.01, "timeout": 5.0}
     settings.update(kw)
-    return OpenAIChatClient(url, key, **settings)  # type: ignore[arg-type]
+    return CLIENT_CLASS[0](url, key, **settings)  # type: ignore[arg-type]
 
 
 def error(status: int, message: str = "nope", headers: dict | None = None) -> Reply:
@@ -208,7 +219,7 @@ def test_timeout_and_connection_errors_are_transient(server: FakeServer, key_env
         asyncio.run(client.complete(MSGS, "m", 1, SamplingParams()))
     assert info.value.transient and client.retries == 1
     dead = fast_client("http://127.0.0.1:9/v1", key_env, max_retries=2)
-    with pytest.raises(ModelCallError, match="Connection"):
+    with pytest.raises(ModelCallError, match="Connect"):
         asyncio.run(dead.complete(MSGS, "m", 1, SamplingParams()))
     assert dead.retries == 2 and dead.calls == 3
 
@@ -297,9 +308,13 @@ GARBAGE: dict[str, tuple[dict | Raw, str]] = {
     ),
     "cut-short": (
         Raw(GOOD_BODY, declared_length=len(GOOD_BODY) + 100),
-        "APIConnectionError.*peer closed connection without sending complete message body",
+        "(APIConnectionError|RemoteProtocolError).*peer closed connection without sending "
+        "complete message body",
     ),
-    "hang-up": (Raw(drop=True), "APIConnectionError.*disconnected without sending a response"),
+    "hang-up": (
+        Raw(drop=True),
+        "(APIConnectionError|RemoteProtocolError).*disconnected without sending a response",
+    ),
 }
 
 
@@ -402,7 +417,7 @@ def test_clients_closed_in_their_loop_leave_no_tracebacks_later(
 ) -> None:
     """An open SDK client collected while a later loop runs logs "Event loop is closed"."""
     with fake_server("HTTP/1.1") as keep_alive:  # a pooled connection stays open
-        client = fast_client(keep_alive.url, key_env)
+        client = OpenAIChatClient(keep_alive.url, key_env, timeout=5.0)  # the SDK's path
 
         async def use() -> None:
             await client.complete(MSGS, "m", 1, SamplingParams())

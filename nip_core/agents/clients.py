@@ -23,6 +23,7 @@ from nip_core.agents.chat_client import (
     request_digest,
 )
 from nip_core.agents.dummy_client import DummyChatClient
+from nip_core.agents.http_client import DirectHttpChatClient
 from nip_core.agents.openai_client import OpenAIChatClient
 from nip_core.agents.replica_client import ReplicaChatClient
 from nip_core.agents.retry import parse_retry_after as _parse_retry_after
@@ -70,6 +71,7 @@ class Provider:
     min_training_examples: int
     sends_lora_options: bool  # our server's `nip_training` extension and batch size
     self_hosted: bool  # a server we start, health-check and version-check ourselves
+    direct_http: bool = False  # chat JSON posted by httpx, without the SDK's request building
 
 
 PROVIDERS: dict[str, Provider] = {
@@ -83,7 +85,7 @@ PROVIDERS: dict[str, Provider] = {
     ),
     "SelfHosted": Provider(
         "SelfHosted", None, SELF_HOSTED_TOKEN_ENV, False, SELF_HOSTED_TIMEOUT, 1,
-        sends_lora_options=True, self_hosted=True,
+        sends_lora_options=True, self_hosted=True, direct_http=True,
     ),
 }  # fmt: skip
 
@@ -150,15 +152,18 @@ def make_chat_client(
         return client
     base_url, key_env = api_endpoint(agent_params)
     timeout = request_timeout(agent_params)
+    client_class = (
+        DirectHttpChatClient if provider_of(agent_params).direct_http else OpenAIChatClient
+    )
     replicas = _param(agent_params, "model_server_replicas", None)
     if replicas:  # fail over at once: the replica client retries elsewhere
         return ReplicaChatClient(
             [
-                OpenAIChatClient(
+                client_class(
                     url.rstrip("/"), key_env, max_concurrency=max_concurrency, timeout=timeout,
                     max_retries=0,
                 )
                 for url in replicas
             ]
         )  # fmt: skip
-    return OpenAIChatClient(base_url, key_env, max_concurrency=max_concurrency, timeout=timeout)
+    return client_class(base_url, key_env, max_concurrency=max_concurrency, timeout=timeout)

@@ -182,6 +182,9 @@ class OpenAIChatClient:
     def __getstate__(self) -> None:
         raise TypeError("OpenAIChatClient holds a secret and a connection pool; do not pickle it")
 
+    def _api_key(self) -> str:
+        return self.__key
+
     def _redact(self, text: str) -> str:
         key = self.__key
         return text.replace(key, "***") if key and key != "EMPTY" else text
