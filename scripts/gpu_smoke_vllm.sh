@@ -8,7 +8,11 @@
 # fresh virtualenv, starts the language-model server with `--engine vllm` on the embedded
 # SmolLM2-135M-Instruct (the server launches `vllm serve` as its child on $VLLM_PORT), waits until
 # it is up, sends one chat completion with n=2, and exits 0 only if two choices come back.
-# Knobs: VENV, SKIP_INSTALL, PORT (server, 8000), VLLM_PORT (8001), TIMEOUT (s, 900).
+# Then (THROUGHPUT=1, the default) it prints the rollout path's tokens/s through our server
+# (64 concurrent seeded requests, n=4, 48 new tokens, the openai SDK like the pipeline) beside
+# `vllm bench throughput` on the same model with the same sizes, so the two can be compared.
+# Knobs: VENV, SKIP_INSTALL, PORT (server, 8000), VLLM_PORT (8001), TIMEOUT (s, 900),
+# THROUGHPUT (1), REQUESTS (64).
 # Logs: the server's in $STATE/server.log (printed on failure), vLLM's in
 # ${TMPDIR:-/tmp}/nip-vllm-$VLLM_PORT.log. If pip cannot reconcile the project's torch pin with
 # the torch that vllm requires, install vllm first and the project with --no-deps.
@@ -93,3 +97,43 @@ PY
   exit 1
 fi
 echo "gpu_smoke_vllm: OK"
+
+if [ "${THROUGHPUT:-1}" = 1 ]; then
+  python - "$PORT" "${REQUESTS:-64}" <<'PY'
+"""Rollout-shaped load through our server: concurrent seeded requests, n=4, like tree levels."""
+import asyncio
+import sys
+import time
+
+import openai
+
+port, requests = int(sys.argv[1]), int(sys.argv[2])
+client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY", max_retries=0)
+
+
+async def main() -> None:
+    model = (await client.models.list()).data[0].id
+    question = "Is this Python function correct? def add(a, b):\n    return a - b\nDecide."
+    calls = [
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": f"{question} ({i})"}],
+            n=4, max_tokens=48, temperature=1.0, seed=i,
+        )
+        for i in range(requests)
+    ]
+    started = time.monotonic()
+    replies = await asyncio.gather(*calls)
+    wall = time.monotonic() - started
+    tokens = sum(r.usage.completion_tokens for r in replies)
+    print(f"rollout path through our server: {tokens / wall:.1f} tokens/s "
+          f"({requests} requests x n=4, {tokens} tokens in {wall:.1f} s)")
+    await client.close()
+
+
+asyncio.run(main())
+PY
+  MODEL=$(python -c "from nip_core.lm_server.embedded_model import embedded_model_path; print(embedded_model_path())")
+  echo "vllm bench throughput on the same model (input 256, output 48 tokens, $(( ${REQUESTS:-64} * 4 )) prompts):"
+  vllm bench throughput --model "$MODEL" --input-len 256 --output-len 48 \
+    --num-prompts $(( ${REQUESTS:-64} * 4 )) 2>&1 | grep -i "throughput" || true
+fi
