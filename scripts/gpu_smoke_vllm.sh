@@ -132,6 +132,8 @@ async def main() -> None:
 
 asyncio.run(main())
 PY
+  cleanup  # free the GPU: vLLM's own benchmark starts an engine of its own
+  trap - EXIT
   MODEL=$(python -c "from nip_core.lm_server.embedded_model import embedded_model_path; print(embedded_model_path())")
   echo "vllm bench throughput on the same model (input 256, output 48 tokens, $(( ${REQUESTS:-64} * 4 )) prompts):"
   vllm bench throughput --model "$MODEL" --input-len 256 --output-len 48 \
