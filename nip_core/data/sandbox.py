@@ -3,8 +3,10 @@
 Each run gets a fresh temporary directory as its working directory, an environment holding only
 PATH, an isolated interpreter (`python -I`), limits on address space, CPU time and file size, a
 wall-clock timeout, and no network: the child replaces the `socket` constructors with a function
-that raises before the candidate runs, and, where `unshare --net` works on this machine (checked
-once per process), the child also runs in an empty network namespace.
+that raises before the candidate runs. Where the kernel allows it, the child also runs in new
+user, mount, network and PID namespaces with a read-only filesystem outside its folder and a
+capped process count (`nip_core.data.isolation`), so nothing it starts outlives it; elsewhere
+at least in an empty network namespace where `unshare --net` works.
 
 A run passes only if `check(<entry_point>)` returns and the child prints a per-run nonce
 afterwards, so a candidate that exits early with status 0 still fails.
@@ -30,6 +32,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+
+from nip_core.data.isolation import namespace_prefix, process_cap, walls_env
 
 DEFAULT_MEMORY_MB = 1024
 _OUTPUT_LIMIT_BYTES = 1 << 20
@@ -137,10 +141,15 @@ def run_candidate(
         entry_point=entry_point,
         nonce=nonce,
     )
-    with tempfile.TemporaryDirectory(prefix="nip-sandbox-") as workdir:
+    with tempfile.TemporaryDirectory(prefix="nip-sandbox-") as workdir, process_cap() as cap:
         Path(workdir, "candidate.py").write_text(candidate_program(solution, test), "utf-8")
-        command = [*network_isolation_prefix(), sys.executable, "-I", "-c", runner]
-        return _execute(command, Path(workdir), timeout, nonce)
+        walls = namespace_prefix()
+        if walls:
+            env = walls_env(Path(workdir))
+        else:  # at least no network where `unshare --net` works
+            walls, env = network_isolation_prefix(), {"PATH": os.environ.get("PATH", _NO_NET_PATH)}
+        command = [*cap, *walls, sys.executable, "-I", "-c", runner]
+        return _execute(command, Path(workdir), timeout, nonce, env)
 
 
 def run_candidates(
@@ -154,14 +163,16 @@ def run_candidates(
         return list(pool.map(lambda job: run_candidate(*job, timeout=timeout), jobs))
 
 
-def _execute(command: list[str], workdir: Path, timeout: float, nonce: str) -> ExecutionResult:
+def _execute(
+    command: list[str], workdir: Path, timeout: float, nonce: str, env: dict[str, str]
+) -> ExecutionResult:
     """Start the child in its own session, wait up to `timeout`, and classify the outcome."""
     stdout_path, stderr_path = workdir / "stdout.txt", workdir / "stderr.txt"
     with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
         process = subprocess.Popen(
             command,
             cwd=workdir,
-            env={"PATH": os.environ.get("PATH", _NO_NET_PATH)},
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=stdout,
             stderr=stderr,
