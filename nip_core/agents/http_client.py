@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from typing import Any
 
 import httpx
@@ -18,49 +19,83 @@ import httpx
 from nip_core.agents.openai_client import OpenAIChatClient, _TransientError
 from nip_core.agents.retry import is_transient_status, parse_retry_after
 
+# httpcore's pool bookkeeping scans its connections (and, for idle ones, the whole list again)
+# every time a request starts or ends, so its CPU per request grows with the square of the pool:
+# measured here, one pool of 1,000+ connections spent 10 ms per call on it. Many small pools,
+# each with its own bound, keep that scan short at any concurrency.
+CONNECTIONS_PER_POOL = 8
+
 
 class DirectHttpChatClient(OpenAIChatClient):
     """`OpenAIChatClient` with the request posted by httpx instead of the SDK."""
 
     def __init__(self, base_url: str, api_key_env: str | None, **kwargs: Any) -> None:
         super().__init__(base_url, api_key_env, **kwargs)
-        self._http: httpx.AsyncClient | None = None
+        self._pools: list[tuple[httpx.AsyncClient, asyncio.Semaphore]] = []
+        self._ssl: ssl.SSLContext | None = None
+        self._turn = 0
 
-    def _bind_http(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+    def _new_pool(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+        if self._ssl is None:  # built once: loading the CA bundle costs milliseconds
+            self._ssl = ssl.create_default_context()
+        size = min(CONNECTIONS_PER_POOL, self.max_concurrency)
+        limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
+        http = httpx.AsyncClient(
+            base_url=self.base_url or "",
+            headers={"Authorization": f"Bearer {self._api_key()}"},
+            timeout=self.timeout,
+            limits=limits,
+            verify=self._ssl,
+        )
+        return http, asyncio.Semaphore(size)  # nothing queues inside httpcore
+
+    def _bind_pool(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+        """A pool with a free connection, adding pools up to the concurrency as load grows
+        (pools belong to one event loop: a new loop starts afresh)."""
         loop = asyncio.get_running_loop()
-        if self._loop is not loop or self._http is None or self._semaphore is None:
-            headers = {"Authorization": f"Bearer {self._api_key()}"}
-            limits = httpx.Limits(
-                max_connections=self.max_concurrency,
-                max_keepalive_connections=self.max_concurrency,
-            )
-            self._http = httpx.AsyncClient(
-                base_url=self.base_url or "", headers=headers, timeout=self.timeout, limits=limits
-            )
+        if self._loop is not loop:  # the bound on requests in flight, across all pools
+            self._pools, self._loop = [], loop
             self._semaphore = asyncio.Semaphore(self.max_concurrency)
-            self._loop = loop
-        return self._http, self._semaphore
+        for pool in self._pools:
+            if not pool[1].locked():
+                return pool
+        if len(self._pools) * CONNECTIONS_PER_POOL < self.max_concurrency:
+            self._pools.append(self._new_pool())
+            return self._pools[-1]
+        self._turn = (self._turn + 1) % len(self._pools)  # all busy: queue round robin
+        return self._pools[self._turn]
 
     async def aclose(self) -> None:
-        if self._http is not None:
-            await self._http.aclose()
-            self._http, self._semaphore, self._loop = None, None, None
+        pools, self._pools, self._loop = self._pools, [], None
+        await asyncio.gather(*(http.aclose() for http, _ in pools))
 
     async def _create_once(self, kwargs: dict[str, Any]) -> tuple[list[str], list[str]]:
-        http, semaphore = self._bind_http()
+        if self._loop is not asyncio.get_running_loop():
+            self._bind_pool()  # builds the bound for this loop
+        await self._semaphore.acquire()
+        try:
+            http, pool_slots = self._bind_pool()
+            async with pool_slots:
+                return await self._post(http, kwargs)
+        finally:
+            self._semaphore.release()
+
+    async def _post(
+        self, http: httpx.AsyncClient, kwargs: dict[str, Any]
+    ) -> tuple[list[str], list[str]]:
+        """One request on `http`; transient failures become `_TransientError`."""
         model = kwargs["model"]
         body = {k: v for k, v in kwargs.items() if k != "extra_body"}
         body.update(kwargs.get("extra_body") or {})
-        async with semaphore:
-            self.calls += 1
-            try:
-                response = await http.post(
-                    "/chat/completions",
-                    content=json.dumps(body),
-                    headers={"Content-Type": "application/json"},
-                )
-            except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
-                raise _TransientError(f"{type(exc).__name__}: {exc}", None) from None
+        self.calls += 1
+        try:
+            response = await http.post(
+                "/chat/completions",
+                content=json.dumps(body),
+                headers={"Content-Type": "application/json"},
+            )
+        except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+            raise _TransientError(f"{type(exc).__name__}: {exc}", None) from None
         if response.status_code >= 400:
             detail = f"HTTP {response.status_code}: {_error_message(response)}"
             if is_transient_status(response.status_code):

@@ -6,6 +6,7 @@ hold data so that a protocol can be pickled, compared and printed.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -71,17 +72,17 @@ class Protocol:
     shared_reward: bool = False
     force_guess: ForceGuess | None = None
 
-    @property
+    @functools.cached_property
     def agent_names(self) -> tuple[str, ...]:
         """Agent names in the reference order (provers first, verifier last)."""
         return tuple(spec.name for spec in self.agents)
 
-    @property
+    @functools.cached_property
     def verifier_name(self) -> str:
         """Name of the single verifier agent."""
         return next(spec.name for spec in self.agents if spec.is_verifier)
 
-    @property
+    @functools.cached_property
     def prover_names(self) -> tuple[str, ...]:
         """Names of all non-verifier agents, in agent order."""
         return tuple(spec.name for spec in self.agents if not spec.is_verifier)
