@@ -23,8 +23,9 @@ from flows.malt_iteration import malt_iteration
 from flows.malt_run import malt_run
 
 FLOWS = {"malt-iteration": malt_iteration, "malt-run": malt_run, "experiment": experiment_flow}
-DEFAULT_PARAMETERS = {"overrides": [], "run_name": "default"}
-FLOW_PARAMETERS = {"experiment": {"overrides": [], "run_name": "experiment"}}
+# `settings` as an (empty) object, so the UI's run form opens on its typed fields.
+DEFAULT_PARAMETERS = {"overrides": [], "run_name": "default", "settings": {}}
+FLOW_PARAMETERS = {"experiment": {"overrides": [], "run_name": "experiment", "settings": {}}}
 
 
 def concurrency_limit() -> ConcurrencyLimitConfig:
