@@ -10,7 +10,6 @@ a job whose child died with the server is marked failed.
 from __future__ import annotations
 
 import asyncio
-import re
 import subprocess
 import time
 from pathlib import Path
@@ -18,16 +17,12 @@ from typing import Any
 
 from nip_core.lm_server import procs
 from nip_core.lm_server.engines.base import AdapterError, InferenceEngine
+from nip_core.lm_server.names import check_adapter_request, suffix_ok
 from nip_core.lm_server.options import OptionsError, parse_options
 from nip_core.lm_server.store import StateDir, append_event, read_json
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 ACTIVE = ("validating_files", "running")
-
-
-SAFE_SUFFIX = re.compile(r"[A-Za-z0-9._-]{0,64}")
-# Served model names: our fine-tuned ones look like `ft:<base>:<suffix>:<job id>`.
-SAFE_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,255}")
 
 
 class JobError(ValueError):
@@ -120,10 +115,10 @@ class JobManager:
             known = False
         if not known:
             raise JobError(f"training file {file_id!r} not found", 404, "training_file")
-        suffix = body.get("suffix")
-        if suffix is not None and not (isinstance(suffix, str) and SAFE_SUFFIX.fullmatch(suffix)):
+        if not suffix_ok(body.get("suffix")):
             raise JobError(
-                f"suffix must be at most 64 letters, digits, '.', '_' or '-', got {suffix!r}",
+                f"suffix must be at most 64 letters, digits, '.', '_' or '-', "
+                f"got {body.get('suffix')!r}",
                 400,
                 "suffix",
             )
@@ -367,20 +362,9 @@ class JobManager:
         The name must be a plain model name (letters, digits, `.`, `_`, `:`, `-`, no `..`); the
         folder must lie inside the server's state folder unless the server allows any path.
         """
-        if not SAFE_MODEL_NAME.fullmatch(name or "") or ".." in name:
-            raise AdapterError(
-                f"adapter name {name!r} must be letters, digits, '.', '_', ':' or '-'"
-            )
-        if name == self.base_name:
-            raise AdapterError(f"adapter name {name!r} clashes with the base model")
-        resolved = Path(path).resolve()
-        if not self.allow_any_adapter_path and not resolved.is_relative_to(
-            self.state.root.resolve()
-        ):
-            raise AdapterError(
-                f"adapter path {path!r} is outside the server's state folder "
-                "(start the server with --allow-adapters-anywhere to load it)"
-            )
+        check_adapter_request(
+            name, path, self.base_name, self.state.root, self.allow_any_adapter_path
+        )
         if not Path(path).is_dir():
             raise AdapterError(f"adapter path {path!r} does not exist or is not a directory")
         async with self._lock:
