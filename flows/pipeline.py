@@ -21,7 +21,12 @@ from nip_core.run.iteration_context import IterationContext
 from nip_core.run.stages import stage_seconds
 from nip_core.run.tracking import Tracker, log_iteration
 from tasks.batch import select_batch_task
-from tasks.evaluate import evaluate_task
+from tasks.evaluate import (
+    evaluate_shard_task,
+    evaluate_task,
+    evaluation_done,
+    evaluation_shards,
+)
 from tasks.export import export_datasets_task
 from tasks.fine_tune import fine_tune_task, switch_model_task
 from tasks.pairs import select_pairs_task
@@ -53,7 +58,8 @@ def run_iteration_stages(
         stats = summarise_iteration_task(paths, context)
         hp = context.hyper_params
         if should_evaluate(hp.text_rl.test_scheme, context.iteration, hp.rl.num_iterations):
-            stats["eval"] = evaluate_task(paths, context)
+            shards = evaluate_shards_on_task_runner(paths, context) if distributed else None
+            stats["eval"] = evaluate_task(paths, context, shard_files=shards)
         if tracker is not None:
             log_iteration(tracker, stats, context.iteration)
         fine_tune_task(paths, context)
@@ -64,6 +70,17 @@ def run_iteration_stages(
     finally:
         if server is not None:
             server.stop()
+
+
+def evaluate_shards_on_task_runner(
+    paths: RunPaths, context: IterationContext, split: str = "test"
+) -> list[str] | None:
+    """Play the evaluation's shards as tasks of the flow's task runner (None: already done)."""
+    if evaluation_done(paths, context, split):
+        return None
+    count = len(evaluation_shards(context, split))
+    futures = [evaluate_shard_task.submit(paths, context, split, i) for i in range(count)]
+    return [future.result() for future in futures]
 
 
 def grow_shards_on_task_runner(paths: RunPaths, context: IterationContext) -> None:

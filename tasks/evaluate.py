@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+import pyarrow as pa
 from prefect import get_run_logger, task
 
 from nip_core.agents.call_journal import JournaledClient
@@ -28,7 +29,13 @@ from nip_core.malt.evaluation import (
     stage_name,
 )
 from nip_core.malt.rollout_tree import BatchItem, RolloutSettings, grow_trees
-from nip_core.run.artifacts import RunPaths, write_parquet
+from nip_core.run.artifacts import (
+    RunPaths,
+    load_manifest,
+    read_parquet,
+    stage_is_done,
+    write_parquet,
+)
 from nip_core.run.iteration_context import IterationContext
 from nip_core.run.stages import run_stage
 from tasks import TRANSIENT_RETRY
@@ -83,16 +90,25 @@ async def _grow_then_close(items, settings, progress):
 
 
 def evaluate(
-    paths: RunPaths, context: IterationContext, split: str = "test", progress=None
+    paths: RunPaths,
+    context: IterationContext,
+    split: str = "test",
+    progress=None,
+    shard_files: list[str] | None = None,
 ) -> dict:
-    """Run (or reuse) the evaluation stage; returns its metrics."""
+    """Run (or reuse) the evaluation stage; returns its metrics. With `shard_files` (grown by
+    `evaluate_shard_task` on a distributed task runner) the episodes are read, not generated."""
     it, stem = context.iteration, file_stem(split)
 
     def compute():
-        items = select_items(context, split)
-        clients = journaled_clients(paths, context, stem)
-        settings = evaluation_settings(context, clients, split)
-        nodes = asyncio.run(_grow_then_close(items, settings, progress))
+        if shard_files:
+            read = [read_parquet(paths.fs, paths.iteration_file(it, f)) for f in shard_files]
+            nodes = pa.concat_tables(read)
+        else:
+            items = select_items(context, split)
+            clients = journaled_clients(paths, context, stem)
+            settings = evaluation_settings(context, clients, split)
+            nodes = asyncio.run(_grow_then_close(items, settings, progress))
         table = evaluation_table(
             nodes,
             context.agent_names,
@@ -126,8 +142,47 @@ def evaluation_progress(context: IterationContext, split: str):
     name="evaluate",
     **TRANSIENT_RETRY,
 )
-def evaluate_task(paths: RunPaths, context: IterationContext, split: str = "test") -> dict:
+def evaluate_task(
+    paths: RunPaths,
+    context: IterationContext,
+    split: str = "test",
+    shard_files: list[str] | None = None,
+) -> dict:
     with evaluation_progress(context, split) as progress:
-        metrics = evaluate(paths, context, split, progress)
+        metrics = evaluate(paths, context, split, progress, shard_files)
     get_run_logger().info("iteration %d %s", context.iteration, format_metrics(metrics))
     return metrics
+
+
+# ---- evaluation shards as tasks of their own, for a distributed task runner ---------------------
+
+
+def evaluation_shards(context: IterationContext, split: str) -> list[list[BatchItem]]:
+    """The evaluation's episodes in shards of `text_rl.rollout_shard_size`."""
+    items = select_items(context, split)
+    size = context.hyper_params.text_rl.rollout_shard_size
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def evaluation_done(paths: RunPaths, context: IterationContext, split: str) -> bool:
+    config_hash = context.hyper_params.config_hash()
+    manifest = load_manifest(paths, context.iteration, context.run_name, config_hash)
+    return stage_is_done(paths, context.iteration, manifest, stage_name(split))
+
+
+@task(name="evaluate-shard", task_run_name="evaluate-shard-{shard_index}", **TRANSIENT_RETRY)
+def evaluate_shard_task(
+    paths: RunPaths, context: IterationContext, split: str, shard_index: int
+) -> str:
+    """Play one shard of the evaluation's episodes wherever the task runner puts this task;
+    returns its nodes file (relative). A finished shard (its file written whole) is reused."""
+    stem = file_stem(split)
+    relative = f"{stem}-shards/nodes-{shard_index:05d}.parquet"
+    path = paths.iteration_file(context.iteration, relative)
+    if paths.fs.exists(path):
+        return relative
+    items = evaluation_shards(context, split)[shard_index]
+    clients = journaled_clients(paths, context, f"{stem}-shard-{shard_index:05d}")
+    settings = evaluation_settings(context, clients, split)
+    write_parquet(paths.fs, path, asyncio.run(_grow_then_close(items, settings, None)))
+    return relative
