@@ -118,12 +118,18 @@ def test_sigkill_mid_arm_then_rerun_matches_an_uninterrupted_experiment(prefect_
 
     command = [sys.executable, "-m", "flows.experiment", *args, "--artifacts-root", str(killed)]
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(  # its own process group: the kill takes Prefect's server too
+        command,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     marker = killed / "exp" / "arms" / "malt" / "iterations" / "0000" / "nodes.parquet"
     deadline = time.monotonic() + 120
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (killed / "exp" / "summary.parquet").exists()  # killed mid-arm
     assert experiment_main([*args, "--artifacts-root", str(killed)]) == 0

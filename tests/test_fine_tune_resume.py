@@ -47,15 +47,21 @@ def test_kill_during_fine_tune_then_rerun_submits_each_job_once(tmp_path):
         args += [f"--set={o}" for o in overrides(server.port)]
         env = dict(os.environ, PYTHONPATH=str(REPO))
         record = tmp_path / "art" / "ft" / "iterations" / "0000" / "fine_tune" / "verifier.json"
-        flow = subprocess.Popen(
-            args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        flow = subprocess.Popen(  # its own process group: the kill takes Prefect's server too
+            args,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         )
         deadline = time.monotonic() + 300
         while not record.exists():
             assert flow.poll() is None, flow.communicate()
             assert time.monotonic() < deadline, "the fine-tune job was never submitted"
             time.sleep(0.05)
-        flow.send_signal(signal.SIGKILL)
+        os.killpg(flow.pid, signal.SIGKILL)
         flow.wait()
         client = server.client()
         running = client.fine_tuning.jobs.list(limit=100).data

@@ -141,6 +141,7 @@ def test_corrupted_artifact_is_recomputed_with_a_warning(prefect_harness, tmp_pa
 
 
 def run_cli(args, env, **kwargs):
+    """The command in its own process group, so a kill takes Prefect's temporary server too."""
     return subprocess.Popen(
         [sys.executable, "-m", "flows.malt_iteration", *args],
         cwd=REPO,
@@ -148,6 +149,7 @@ def run_cli(args, env, **kwargs):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,
         **kwargs,
     )
 
@@ -181,7 +183,7 @@ def test_sigkill_during_generation_then_resume_matches_uninterrupted(prefect_har
         assert process.poll() is None, process.communicate()
         assert time.monotonic() < deadline, "generation never started"
         time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
+    os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     assert not (it / "nodes.parquet").exists()
     before = len(call_log.read_text().splitlines())
