@@ -18,6 +18,7 @@ from nip_core.agents.call_journal import JournaledClient
 from nip_core.agents.clients import close_clients
 from nip_core.data import datapoints
 from nip_core.data.splits import load_split
+from nip_core.malt.batching import in_shards
 from nip_core.malt.evaluation import (
     evaluation_items,
     evaluation_metrics,
@@ -31,13 +32,11 @@ from nip_core.malt.evaluation import (
 from nip_core.malt.rollout_tree import BatchItem, RolloutSettings, grow_trees
 from nip_core.run.artifacts import (
     RunPaths,
-    load_manifest,
     read_parquet,
-    stage_is_done,
     write_parquet,
 )
 from nip_core.run.iteration_context import IterationContext
-from nip_core.run.stages import run_stage
+from nip_core.run.stages import finished_stage, run_stage
 from tasks import TRANSIENT_RETRY
 from tasks.prefect_artifacts import rollout_progress
 from tasks.rollouts import chat_clients, rollout_settings
@@ -159,15 +158,11 @@ def evaluate_task(
 
 def evaluation_shards(context: IterationContext, split: str) -> list[list[BatchItem]]:
     """The evaluation's episodes in shards of `text_rl.rollout_shard_size`."""
-    items = select_items(context, split)
-    size = context.hyper_params.text_rl.rollout_shard_size
-    return [items[i : i + size] for i in range(0, len(items), size)]
+    return in_shards(select_items(context, split), context.hyper_params.text_rl.rollout_shard_size)
 
 
 def evaluation_done(paths: RunPaths, context: IterationContext, split: str) -> bool:
-    config_hash = context.hyper_params.config_hash()
-    manifest = load_manifest(paths, context.iteration, context.run_name, config_hash)
-    return stage_is_done(paths, context.iteration, manifest, stage_name(split))
+    return finished_stage(paths, context, stage_name(split)) is not None
 
 
 @task(name="evaluate-shard", task_run_name="evaluate-shard-{shard_index}", **TRANSIENT_RETRY)

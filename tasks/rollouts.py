@@ -18,17 +18,16 @@ from prefect import task
 from nip_core.agents import make_chat_client
 from nip_core.agents.call_journal import JournaledClient
 from nip_core.agents.clients import close_clients
+from nip_core.malt.batching import in_shards
 from nip_core.malt.rollout_tree import RolloutSettings, batch_items, grow_trees
 from nip_core.run.artifacts import (
     RunPaths,
-    load_manifest,
     read_parquet,
-    stage_is_done,
     write_parquet,
 )
 from nip_core.run.iteration_context import IterationContext
 from nip_core.run.iteration_files import BATCH_FILE, CALL_JOURNAL_FILE, NODES_FILE
-from nip_core.run.stages import run_stage
+from nip_core.run.stages import finished_stage, run_stage
 from tasks import TRANSIENT_RETRY
 from tasks.prefect_artifacts import rollout_progress
 
@@ -91,17 +90,13 @@ def shard_file(shard_index: int) -> str:
 def batch_shards(paths: RunPaths, context: IterationContext) -> list[list]:
     """The iteration's batch items in shards of `text_rl.rollout_shard_size`."""
     items = batch_items(read_parquet(paths.fs, paths.iteration_file(context.iteration, BATCH_FILE)))
-    size = context.hyper_params.text_rl.rollout_shard_size
-    return [items[i : i + size] for i in range(0, len(items), size)]
+    return in_shards(items, context.hyper_params.text_rl.rollout_shard_size)
 
 
 async def _grow_shards(paths, context, settings, shards, progress) -> None:
-    config_hash = context.hyper_params.config_hash()
-
     async def one(shard_index: int, items) -> None:
         stage, relative = shard_stage(shard_index), shard_file(shard_index)
-        manifest = load_manifest(paths, context.iteration, context.run_name, config_hash)
-        if stage_is_done(paths, context.iteration, manifest, stage):
+        if finished_stage(paths, context, stage) is not None:
             return
         table = await grow_trees(items, settings, progress)
 
@@ -162,11 +157,8 @@ def generate_rollouts_task(paths: RunPaths, context: IterationContext) -> str:
 
 def pending_shards(paths: RunPaths, context: IterationContext) -> list[int]:
     """Shards whose stage is not finished yet."""
-    config_hash = context.hyper_params.config_hash()
-    manifest = load_manifest(paths, context.iteration, context.run_name, config_hash)
     count = len(batch_shards(paths, context))
-    done = lambda i: stage_is_done(paths, context.iteration, manifest, shard_stage(i))  # noqa: E731
-    return [i for i in range(count) if not done(i)]
+    return [i for i in range(count) if finished_stage(paths, context, shard_stage(i)) is None]
 
 
 @task(name="grow-shard", task_run_name="grow-shard-{shard_index}", **TRANSIENT_RETRY)

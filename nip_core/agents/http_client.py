@@ -49,13 +49,17 @@ class DirectHttpChatClient(OpenAIChatClient):
         )
         return http, asyncio.Semaphore(size)  # nothing queues inside httpcore
 
-    def _bind_pool(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
-        """A pool with a free connection, adding pools up to the concurrency as load grows
-        (pools belong to one event loop: a new loop starts afresh)."""
+    def _bind_loop(self) -> asyncio.Semaphore:
+        """The bound on requests in flight across all pools; pools and bound belong to one
+        event loop, so a new loop starts afresh."""
         loop = asyncio.get_running_loop()
-        if self._loop is not loop:  # the bound on requests in flight, across all pools
+        if self._loop is not loop or self._semaphore is None:
             self._pools, self._loop = [], loop
             self._semaphore = asyncio.Semaphore(self.max_concurrency)
+        return self._semaphore
+
+    def _pick_pool(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+        """A pool with a free connection, adding pools up to the concurrency as load grows."""
         for pool in self._pools:
             if not pool[1].locked():
                 return pool
@@ -66,19 +70,14 @@ class DirectHttpChatClient(OpenAIChatClient):
         return self._pools[self._turn]
 
     async def aclose(self) -> None:
-        pools, self._pools, self._loop = self._pools, [], None
+        pools, self._pools, self._loop, self._semaphore = self._pools, [], None, None
         await asyncio.gather(*(http.aclose() for http, _ in pools))
 
     async def _create_once(self, kwargs: dict[str, Any]) -> tuple[list[str], list[str]]:
-        if self._loop is not asyncio.get_running_loop():
-            self._bind_pool()  # builds the bound for this loop
-        await self._semaphore.acquire()
-        try:
-            http, pool_slots = self._bind_pool()
+        async with self._bind_loop():
+            http, pool_slots = self._pick_pool()
             async with pool_slots:
                 return await self._post(http, kwargs)
-        finally:
-            self._semaphore.release()
 
     async def _post(
         self, http: httpx.AsyncClient, kwargs: dict[str, Any]

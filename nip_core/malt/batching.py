@@ -31,3 +31,8 @@ def iteration_positions(
         iteration * rollouts_per_iteration, (iteration + 1) * rollouts_per_iteration
     )
     return batch_indices, permutation[batch_indices % num_datapoints]
+
+
+def in_shards(items: list, size: int) -> list[list]:
+    """`items` in consecutive shards of `size` (the last may be shorter)."""
+    return [items[i : i + size] for i in range(0, len(items), size)]

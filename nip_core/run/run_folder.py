@@ -30,14 +30,19 @@ def stored_config_matches(paths: RunPaths, hp: HyperParameters) -> bool:
     return HyperParameters.from_dict(read_json(paths.fs, stored)).config_hash() == hp.config_hash()
 
 
-def prepare_run(hp: HyperParameters, root: str, run_name: str) -> RunPaths:
-    """Open the run folder; its stored configuration must match (resume never asks questions)."""
-    paths = RunPaths.open(root, run_name)
+def check_stored_config(paths: RunPaths, hp: HyperParameters) -> None:
+    """ConfigError when the run folder holds another configuration than `hp`."""
     if not stored_config_matches(paths, hp):
         raise ConfigError(
             f"run folder {paths.run_dir} holds a different configuration; "
             "use another --run-name or the same settings"
         )
+
+
+def prepare_run(hp: HyperParameters, root: str, run_name: str) -> RunPaths:
+    """Open the run folder; its stored configuration must match (resume never asks questions)."""
+    paths = RunPaths.open(root, run_name)
+    check_stored_config(paths, hp)
     if not paths.fs.exists(paths.hyper_params):
         write_json(paths.fs, paths.hyper_params, hp.to_dict(include_package_meta=True))
     sweep_temporary_files(paths)
@@ -62,11 +67,7 @@ def preflight(hp: HyperParameters, root: str, run_name: str, splits=("train",)) 
     """Everything a run command can check before it writes anything (ConfigError otherwise):
     the run name, the stored configuration, a writable artifacts root and readable data."""
     paths = RunPaths.open(root, run_name)
-    if not stored_config_matches(paths, hp):
-        raise ConfigError(
-            f"run folder {paths.run_dir} holds a different configuration; "
-            "use another --run-name or the same settings"
-        )
+    check_stored_config(paths, hp)
     if paths.is_local:
         check_writable(Path(paths.run_dir))
     for split in splits:

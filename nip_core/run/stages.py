@@ -29,16 +29,25 @@ def run_stage(
     entry also records `seconds`, the wall time of `compute` in the run that finished it.
     Returns the stage's manifest entry.
     """
+    finished = finished_stage(paths, context, stage)
+    if finished is not None:
+        return finished
     config_hash = context.hyper_params.config_hash()
-    manifest = load_manifest(paths, context.iteration, context.run_name, config_hash)
-    if stage_is_done(paths, context.iteration, manifest, stage):
-        return manifest["stages"][stage]
     started = time.monotonic()
     files, info = compute()
     seconds = time.monotonic() - started
     manifest = load_manifest(paths, context.iteration, context.run_name, config_hash)
     manifest = record_stage(paths, context.iteration, manifest, stage, files, info, seconds)
     return manifest["stages"][stage]
+
+
+def finished_stage(paths: RunPaths, context: IterationContext, stage: str) -> dict | None:
+    """The stage's manifest entry when it finished with intact files, else None."""
+    config_hash = context.hyper_params.config_hash()
+    manifest = load_manifest(paths, context.iteration, context.run_name, config_hash)
+    if stage_is_done(paths, context.iteration, manifest, stage):
+        return manifest["stages"][stage]
+    return None
 
 
 def record_models_after(paths: RunPaths, context: IterationContext, models: dict[str, str]) -> None:
