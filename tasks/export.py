@@ -48,6 +48,8 @@ def export_datasets(paths: RunPaths, context: IterationContext) -> dict:
                 kind = "dpo"
                 group_pairs = pairs.filter(pc.is_in(pairs.column("agent"), pa.array(list(agents))))
                 rows = export.dpo_rows(nodes, group_pairs, ctx)
+                if context.protocol.verifier_name in agents:
+                    rows += export.guess_replaced_pairs(nodes, ctx, hp.text_rl, hp.seed)
                 table, jsonl = export.dpo_table(rows), export.dpo_openai_jsonl(rows)
             base = f"datasets/{kind}/{group}"
             files[f"{base}.parquet"] = write_parquet(

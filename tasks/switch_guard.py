@@ -4,8 +4,10 @@ Runs after the switch stage; with `text_rl.switch_guard` off it passes the new m
 on the first `text_rl.switch_guard_episodes` validation episodes (one sample per turn, the same
 datapoints and call seeds for both models), written to `guard-<label>.parquet`. All scorings
 share one call journal (`guard-calls-*.jsonl`): an interrupted guard replays its finished calls,
-and calls of agents whose model is unchanged are made once. The manifest
-stage `switch_guard` records both scores, the margin and the verdict per group.
+and calls of agents whose model is unchanged are made once. With a self-hosted group and
+`text_rl.switch_guard_max_drift` set, the previous model then scores both models' replies
+(`/v1/chat/score`) to catch a wreck the reward misses. The manifest stage `switch_guard` records
+both scores, the margin, the drift and the verdict with its reason per group.
 """
 
 from __future__ import annotations
@@ -15,23 +17,35 @@ import logging
 
 from prefect import task
 
+from nip_core.agents.message_scores import score_replies
 from nip_core.data import datapoints
 from nip_core.data.splits import load_split
+from nip_core.malt.dataset_export import ExportContext, last_replies
 from nip_core.malt.evaluation import evaluation_items, evaluation_metrics, evaluation_table
 from nip_core.run.artifacts import RunPaths, write_parquet
 from nip_core.run.iteration_context import IterationContext, build_context
 from nip_core.run.stages import record_models_after, run_stage
-from nip_core.training.switch_guard import group_score, guarded_models, verdict
+from nip_core.training.switch_guard import (
+    drift,
+    group_score,
+    guard_verdict,
+    guarded_models,
+    logprob_per_token,
+)
 from tasks import TRANSIENT_RETRY
 from tasks.evaluate import _grow_then_close, evaluation_settings, journaled_clients
 
 log = logging.getLogger(__name__)
 
 
+Replies = dict[str, list[list[dict]]]  # agent -> each episode's chat ending with its last reply
+
+
 def score_models(
     paths: RunPaths, context: IterationContext, group_models: dict[str, str], label: str
-) -> dict[str, float | None]:
-    """Mean episode reward per agent when the groups use `group_models` (validation episodes)."""
+) -> tuple[dict[str, float | None], Replies]:
+    """Mean episode reward per agent when the groups use `group_models` (validation episodes),
+    and each agent's replies."""
     hp = context.hyper_params
     scored = build_context(hp, context.run_name, context.iteration, group_models)
     points = datapoints(load_split(hp, "validation"))
@@ -48,7 +62,29 @@ def score_models(
     )
     write_parquet(paths.fs, paths.iteration_file(it, f"guard-{label}.parquet"), table)
     metrics = evaluation_metrics(table, scored.agent_names)
-    return {a: m["mean_episode_reward"] for a, m in metrics["agents"].items()}
+    export = ExportContext(
+        scored.protocol, scored.agent_params, {i.batch_index: i for i in items}, it
+    )
+    replies = last_replies(nodes, export, scored.agent_names)
+    return {a: m["mean_episode_reward"] for a, m in metrics["agents"].items()}, replies
+
+
+def reply_drift(
+    context: IterationContext, group: str, previous: Replies, new: Replies
+) -> tuple[float | None, float | None]:
+    """(previous model's own replies, new model's replies) in nats per token under the
+    previous model, over the group's agents; None where the provider cannot score."""
+    model = context.group_models[group]
+    own, trial = [], []
+    for agent in context.groups[group]:
+        params = context.agent_params[agent]
+        own_scores = score_replies(params, model, previous.get(agent, []))
+        new_scores = score_replies(params, model, new.get(agent, []))
+        if own_scores is None or new_scores is None:
+            return None, None
+        own += own_scores
+        trial += new_scores
+    return logprob_per_token(own), logprob_per_token(trial)
 
 
 def validation_available(context: IterationContext) -> bool:
@@ -59,6 +95,42 @@ def validation_available(context: IterationContext) -> bool:
         return False
 
 
+def group_report(
+    paths: RunPaths,
+    context: IterationContext,
+    group: str,
+    candidate: str,
+    previous: tuple[dict[str, float | None], Replies],
+) -> dict:
+    """Score the group's candidate against the previous models; the manifest entry."""
+    text_rl = context.hyper_params.text_rl
+    models = dict(context.group_models) | {group: candidate}
+    trial, trial_replies = score_models(paths, context, models, group)
+    agents = context.groups[group]
+    old, new = group_score(previous[0], agents), group_score(trial, agents)
+    own, moved = None, None
+    if text_rl.switch_guard_max_drift is not None:
+        own, moved = reply_drift(context, group, previous[1], trial_replies)
+    nats = drift(own, moved)
+    decided, reason = guard_verdict(
+        old, new, text_rl.switch_guard_margin, nats, text_rl.switch_guard_max_drift
+    )
+    return {
+        "previous_model": context.group_models[group],
+        "new_model": candidate,
+        "previous_score": old,
+        "new_score": new,
+        "margin": text_rl.switch_guard_margin,
+        "episodes": text_rl.switch_guard_episodes,
+        "previous_logprob_per_token": own,
+        "new_logprob_per_token": moved,
+        "drift": nats,
+        "max_drift": text_rl.switch_guard_max_drift,
+        "verdict": decided,
+        "reason": reason,
+    }
+
+
 def guard_switch(
     paths: RunPaths, context: IterationContext, candidates: dict[str, str]
 ) -> dict[str, str]:
@@ -67,7 +139,6 @@ def guard_switch(
     changed = [g for g, model in candidates.items() if model != current.get(g)]
     if not changed:
         return dict(candidates)
-    margin = context.hyper_params.text_rl.switch_guard_margin
     if not validation_available(context):
         log.warning(
             "switch guard: the validation split is empty (raise text_rl.validation_fraction or "
@@ -77,31 +148,25 @@ def guard_switch(
 
     def compute():
         previous = score_models(paths, context, current, "previous")
-        report = {}
-        for group in changed:
-            trial = score_models(paths, context, current | {group: candidates[group]}, group)
-            agents = context.groups[group]
-            old, new = group_score(previous, agents), group_score(trial, agents)
-            report[group] = {
-                "previous_model": current[group],
-                "new_model": candidates[group],
-                "previous_score": old,
-                "new_score": new,
-                "margin": margin,
-                "episodes": context.hyper_params.text_rl.switch_guard_episodes,
-                "verdict": verdict(old, new, margin),
-            }
+        report = {
+            group: group_report(paths, context, group, candidates[group], previous)
+            for group in changed
+        }
         return {}, report
 
     report = run_stage(paths, context, "switch_guard", compute)["info"]
     for group, entry in report.items():
         log.warning(
-            "switch guard, group %s: previous model %.3f, new model %.3f (margin %s): %s",
+            "switch guard, group %s: previous model %.3f, new model %.3f (margin %s), "
+            "drift %s nats/token (max %s): %s%s",
             group,
             entry["previous_score"],
             entry["new_score"],
             entry["margin"],
+            "n/a" if entry.get("drift") is None else f"{entry['drift']:.2f}",
+            entry.get("max_drift"),
             entry["verdict"],
+            f" ({entry['reason']})" if entry.get("reason") else "",
         )
     return guarded_models(current, candidates, {g: e["verdict"] for g, e in report.items()})
 

@@ -344,3 +344,39 @@ def test_episode_rewards_and_leaves(ei_tree):
     v = ei_tree.ctx.agent_names.index("verifier")
     for i in leaves:
         assert totals[i, v] == _episode_reward(ei_tree, node_ids[i], "verifier")
+
+
+@pytest.fixture(scope="module")
+def solo_tree() -> Tree:
+    ctx = make_context("solo_verifier", "pure_text_malt.num_responses_per_timestep=3")
+    return Tree(ctx, 10)
+
+
+def test_malt_guess_replaced_pairs_prefer_the_true_verdict(solo_tree):
+    points = export.verifier_decision_points(solo_tree.nodes, "verifier")
+    assert len(points) == 10  # one decision point per episode: the root of each tree
+    none = TextRlParameters(verifier_guess_replacement_proportion=0.0)
+    assert export.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, none, 1) == []
+    half = TextRlParameters(verifier_guess_replacement_proportion=0.5)
+    rows = export.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, half, 1)
+    assert len(rows) == 5 and len({r["parent_node_id"] for r in rows}) == 5
+    assert rows == export.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, half, 1)
+    assert rows != export.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, half, 2)
+    y_of = {it.datapoint.id: it.datapoint.y for it in solo_tree.items}
+    sampled = {
+        r["parent_node_id"]: r["prompt"]
+        for r in export.dpo_rows(solo_tree.nodes, solo_tree.pairs(), solo_tree.export)
+        if r["agent"] == "verifier"
+    }
+    assert {r["parent_node_id"] for r in rows} & set(sampled), "nothing to compare prompts with"
+    for row in rows:
+        truth, false = (
+            ("accept", "reject") if y_of[row["datapoint_id"]] == 1 else ("reject", "accept")
+        )
+        assert row["chosen"] == [{"role": "assistant", "content": f"Decision: {truth}"}]
+        assert row["rejected"] == [{"role": "assistant", "content": f"Decision: {false}"}]
+        assert row["guess_replaced"] and row["chosen_node_id"] is None
+        if row["parent_node_id"] in sampled:  # the same chat the sampled answers came from
+            assert row["prompt"] == sampled[row["parent_node_id"]]
+    table = export.dpo_table(rows)
+    assert table.schema == schemas.DPO and table.column("guess_replaced").to_pylist() == [True] * 5

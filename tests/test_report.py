@@ -143,3 +143,26 @@ def test_screenshot_of_the_report(dummy_run, tmp_path):  # noqa: F811
     assert image.size == (1200, 1600)
     low, high = image.getextrema()
     assert high - low > 100, "the screenshot shows content, not a blank page"
+
+
+def test_switch_guard_verdicts_get_a_table(report):
+    from nip_core.report.html import guard_table, report_html
+
+    run, page = report
+    judged = {
+        i: run.manifest(i).get("stages", {}).get("switch_guard", {}).get("info") or {}
+        for i in run.iterations
+    }
+    assert any(judged.values()), "the default config guards every switch"
+    assert "<h3>Switch guard</h3>" in page  # the dummy run's own verdicts are on its page
+    for i, groups in judged.items():
+        for group, e in groups.items():
+            assert f"<td>{i}</td><td>{group}</td><td>{e['previous_score']:.3f}</td>" in page
+    entry = {"previous_score": 0.3125, "new_score": 0.375, "drift": 6.2, "max_drift": 2.0}
+    guards = {0: {"prover": {**entry, "verdict": "kept_previous", "reason": "drift"}}, 1: {}}
+    table = guard_table(guards)
+    assert table.to_dict("records")[0]["reason"] == "drift" and len(table) == 1
+    page = report_html(run.name, run.stats, [], "", None, guards=guards)
+    assert "<h3>Switch guard</h3>" in page
+    assert "<td>prover</td><td>0.312</td><td>0.375</td>" in page
+    assert "kept_previous" in page and "<td>drift</td>" in page

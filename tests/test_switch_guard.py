@@ -13,8 +13,11 @@ from nip_core.parameters import load_hyper_params
 from nip_core.training.switch_guard import (
     KEPT_PREVIOUS,
     SWITCHED,
+    drift,
     group_score,
+    guard_verdict,
     guarded_models,
+    logprob_per_token,
     verdict,
 )
 
@@ -49,7 +52,7 @@ def test_verdict_and_models_by_hand():
 def fake_scores(previous: float, new: float, calls: list[str]):
     def score(paths, context, group_models, label):
         calls.append(label)
-        return {"verifier": previous if label == "previous" else new}
+        return {"verifier": previous if label == "previous" else new}, {}
 
     return score
 
@@ -95,3 +98,45 @@ def test_guard_needs_a_validation_split(tmp_path):
     config = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
     with pytest.raises(ValueError, match="validation_fraction"):
         load_hyper_params(config, ["text_rl.switch_guard=true", "text_rl.validation_fraction=0"])
+
+
+def test_guard_keeps_the_previous_model_when_its_replies_drift(
+    prefect_harness, tmp_path, monkeypatch
+):
+    """A better reward does not save a model whose replies the previous model finds absurd."""
+    reply = lambda text: [{"role": "user", "content": "q"}, {"role": "assistant", "content": text}]  # noqa: E731
+
+    def score(paths, context, group_models, label):
+        text = "Decision: accept" if label == "previous" else "salad salad salad"
+        return {"verifier": 0.0 if label == "previous" else 0.5}, {"verifier": [reply(text)] * 3}
+
+    def score_replies(params, model, conversations):
+        assert model == "SmolLM2-135M-Instruct"  # always under the previous model
+        words = [len(c[-1]["content"].split()) for c in conversations]
+        per = [9.0 if "salad" in c[-1]["content"] else 1.5 for c in conversations]
+        return [(-p * n, n) for p, n in zip(per, words, strict=True)]
+
+    monkeypatch.setattr(guard_stage, "score_models", score)
+    monkeypatch.setattr(guard_stage, "score_replies", score_replies)
+    for max_drift, expected, reason in [(2.0, KEPT_PREVIOUS, "drift"), (8.0, SWITCHED, None)]:
+        run = f"drift{max_drift}"
+        overrides = [*GUARDED, f"text_rl.switch_guard_max_drift={max_drift}"]
+        stats = malt_iteration(overrides=overrides, run_name=run, artifacts_root=str(tmp_path))
+        entry = manifest(tmp_path, run)["stages"]["switch_guard"]["info"]["verifier"]
+        assert (entry["previous_score"], entry["new_score"]) == (0.0, 0.5)
+        assert entry["previous_logprob_per_token"] == pytest.approx(-1.5)
+        assert entry["new_logprob_per_token"] == pytest.approx(-9.0)
+        assert entry["drift"] == pytest.approx(7.5) and entry["max_drift"] == max_drift
+        assert (entry["verdict"], entry["reason"]) == (expected, reason)
+        kept = entry["previous_model"] if expected == KEPT_PREVIOUS else entry["new_model"]
+        assert stats["models_after"]["verifier"] == kept
+
+
+def test_guard_verdict_reasons_by_hand():
+    assert guard_verdict(0.5, 0.1, 0.05, drift_nats=0.0, max_drift=1.0) == (KEPT_PREVIOUS, "reward")
+    assert guard_verdict(0.5, 0.9, 0.05, drift_nats=1.5, max_drift=1.0) == (KEPT_PREVIOUS, "drift")
+    assert guard_verdict(0.5, 0.9, 0.05, drift_nats=1.5, max_drift=None) == (SWITCHED, None)
+    assert guard_verdict(0.5, 0.9, 0.05, drift_nats=None, max_drift=1.0) == (SWITCHED, None)
+    assert logprob_per_token([(-3.0, 2), (-1.0, 2)]) == -1.0
+    assert logprob_per_token([]) is None and drift(None, -1.0) is None
+    assert drift(-1.5, -4.0) == 2.5

@@ -78,6 +78,20 @@ def _chat_request(body: dict, engine_model: str) -> ChatRequest:
     return ChatRequest(model=engine_model, messages=clean, n=n, **sampling)
 
 
+def _score_conversations(body: dict) -> list[list[dict]]:
+    """The `conversations` of a score request: 1-256 chats, each ending with the scored reply."""
+    conversations = body.get("conversations")
+    if not isinstance(conversations, list) or not 1 <= len(conversations) <= 256:
+        raise JobError("conversations must be a list of 1 to 256 chats", 400, "conversations")
+    chats = []
+    for conversation in conversations:
+        messages = _chat_request({"messages": conversation}, "").messages
+        if conversation[-1].get("role") != "assistant":
+            raise JobError("each conversation must end with an assistant message", 400)
+        chats.append(messages)
+    return chats
+
+
 def _count_tokens(engine: InferenceEngine, text: str) -> int:
     """Token count from the engine when it can tell, else a whitespace estimate."""
     counter = getattr(engine, "count_tokens", None)
@@ -212,6 +226,22 @@ def _add_model_routes(
         chat_request = _chat_request(body, engine_name(body.get("model")))
         choices = await engine.chat(chat_request)
         return _completion(engine, body["model"], chat_request, choices)
+
+    @app.post("/v1/chat/score")
+    async def score(request: Request):
+        """Ours: the log-likelihood of each conversation's last (assistant) message."""
+        body = await _json_body(request)
+        model = engine_name(body.get("model"))
+        conversations = _score_conversations(body)
+        scorer = getattr(engine, "score", None)
+        if scorer is None:
+            raise JobError(f"the {engine.name} engine cannot score messages", 501)
+        scores = await scorer(model, conversations)
+        data = [
+            {"index": i, "logprob": logprob, "tokens": tokens}
+            for i, (logprob, tokens) in enumerate(scores)
+        ]
+        return {"object": "list", "model": body["model"], "data": data}
 
 
 def _completion(engine: InferenceEngine, model: str, request: ChatRequest, choices: list) -> dict:

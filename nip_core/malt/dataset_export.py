@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from nip_core.agents import chat_messages, training_conversation
 from nip_core.agents.chat_format import fold_speaker_names, openai_messages
+from nip_core.agents.prompts import stance_string
 from nip_core.episode import ACCEPT, REJECT
 from nip_core.malt import schemas
 from nip_core.malt.rollout_tree import BatchItem, history, turns_by_node
@@ -74,6 +75,79 @@ def dpo_rows(nodes: pa.Table, pairs: pa.Table, context: ExportContext) -> list[d
                 "rejected_node_id": pair["rejected_node_id"],
                 "chosen_expected_reward": pair["chosen_expected_reward"],
                 "rejected_expected_reward": pair["rejected_expected_reward"],
+                "guess_replaced": False,
+            }
+        )
+    return rows
+
+
+def verifier_decision_points(nodes: pa.Table, verifier: str) -> list[tuple[str, str]]:
+    """(parent id, child id) per node whose children end an episode with a verifier turn.
+
+    One child stands for its siblings: they share the parent's history and round.
+    """
+    points: dict[str, str] = {}
+    leaves = set(leaf_indices(nodes).tolist())
+    for i, row in enumerate(nodes.to_pylist()):
+        spoke = any(m["agent"] == verifier for m in row["raw_messages"])
+        if i in leaves and spoke and row["parent_id"] is not None:
+            points.setdefault(row["parent_id"], row["node_id"])
+    return sorted(points.items())
+
+
+def guess_replaced_pairs(
+    nodes: pa.Table, context: ExportContext, text_rl, run_seed: int
+) -> list[dict]:
+    """MALT's counterpart of nip's guess replacement (ours): at a share of the verifier's
+    decision points, a pair preferring the true verdict ("Decision: accept" if y = 1) over the
+    false one. The verifier's reward for a verdict is known without sampling it, so this
+    reaches the verdicts a model that nearly always accepts never samples."""
+    verifier = context.protocol.verifier_name
+    p = guess_replacement_proportion(text_rl, context.iteration)
+    points = verifier_decision_points(nodes, verifier)
+    if p <= 0 or not points:
+        return []
+    rng = np.random.default_rng(stable_int("malt-guess", run_seed, context.iteration, verifier))
+    chosen_points = [
+        points[i] for i in sorted(rng.permutation(len(points))[: int(p * len(points))])
+    ]
+    index = turns_by_node(nodes)
+    batch_of = dict(
+        zip(
+            nodes.column("node_id").to_pylist(),
+            nodes.column("batch_index").to_pylist(),
+            strict=True,
+        )
+    )
+    rows = []
+    for parent, child in chosen_points:
+        item = context.items[batch_of[parent]]
+        prompt = chat_messages(
+            context.protocol,
+            verifier,
+            context.agent_params[verifier],
+            item.datapoint,
+            history(index, parent),
+            index[child][1].round,
+            item.episode_seed,
+        )
+        truth = ACCEPT if item.datapoint.y == 1 else REJECT
+        verdict = lambda v: f"Decision: {stance_string(v)}"  # noqa: E731
+        rows.append(
+            {
+                "openai_prompt": openai_messages(prompt),
+                "prompt": fold_speaker_names(prompt),
+                "chosen": _assistant(verdict(truth)),
+                "rejected": _assistant(verdict(REJECT if truth == ACCEPT else ACCEPT)),
+                "iteration": context.iteration,
+                "agent": verifier,
+                "datapoint_id": item.datapoint.id,
+                "parent_node_id": parent,
+                "chosen_node_id": None,
+                "rejected_node_id": None,
+                "chosen_expected_reward": None,
+                "rejected_expected_reward": None,
+                "guess_replaced": True,
             }
         )
     return rows
@@ -188,6 +262,31 @@ def sft_rows(
                 }
             )
     return rows
+
+
+def last_replies(
+    nodes: pa.Table, context: ExportContext, agents: Sequence[str]
+) -> dict[str, list[list[dict]]]:
+    """Per agent, each episode's chat ending with the agent's last reply (leaf order)."""
+    index = turns_by_node(nodes)
+    node_ids = nodes.column("node_id").to_pylist()
+    batch_indices = nodes.column("batch_index").to_pylist()
+    replies: dict[str, list[list[dict]]] = {agent: [] for agent in agents}
+    for leaf in leaf_indices(nodes):
+        item = context.items[batch_indices[leaf]]
+        turns = history(index, node_ids[leaf])
+        for agent in agents:
+            conversation = training_conversation(
+                context.protocol,
+                agent,
+                context.agent_params[agent],
+                item.datapoint,
+                turns,
+                item.episode_seed,
+            )
+            if conversation is not None:
+                replies[agent].append(fold_speaker_names(conversation))
+    return replies
 
 
 def dpo_table(rows: Sequence[dict]) -> pa.Table:

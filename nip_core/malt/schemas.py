@@ -88,6 +88,7 @@ DPO = pa.schema(
         ("rejected_node_id", pa.string()),
         ("chosen_expected_reward", pa.float64()),
         ("rejected_expected_reward", pa.float64()),
+        ("guess_replaced", pa.bool_()),
     ]
 )
 

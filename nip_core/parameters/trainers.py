@@ -35,7 +35,10 @@ class TextRlParameters(BaseParameters):
     train split's problems set aside (never trained on) for sweeps and the switch guard. With
     `switch_guard`, a fine-tuned model replaces the previous one only if its mean episode reward
     on `switch_guard_episodes` validation episodes is not lower by more than
-    `switch_guard_margin` (nip has no guard). All of these are ours, not nip's.
+    `switch_guard_margin` (nip has no guard), and its replies on those episodes are not less
+    likely, under the previous model, than the previous model's own by more than
+    `switch_guard_max_drift` nats per token (None: no such check; self-hosted models only).
+    All of these are ours, not nip's.
     """
 
     fine_tune_on_all_previous_rollouts: bool = False
@@ -50,6 +53,7 @@ class TextRlParameters(BaseParameters):
     switch_guard: bool = False
     switch_guard_episodes: int = 32
     switch_guard_margin: float = 0.05
+    switch_guard_max_drift: float | None = 2.0
 
 
 @register_parameter_class

@@ -167,6 +167,8 @@ def _text_rl_rules(p: Any) -> None:
         "(e.g. 0.2) or text_rl.switch_guard=false",
     )
     _require(p.switch_guard_margin >= 0, f"{name}.switch_guard_margin: must be >= 0")
+    drift = p.switch_guard_max_drift
+    _require(drift is None or drift > 0, f"{name}.switch_guard_max_drift: must be > 0 or null")
 
 
 @rule("RlTrainerParameters")

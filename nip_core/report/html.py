@@ -203,6 +203,22 @@ def tree_section(
     )
 
 
+GUARD_COLUMNS = [
+    "previous_score", "new_score", "margin", "previous_logprob_per_token",
+    "new_logprob_per_token", "drift", "max_drift", "verdict", "reason",
+]  # fmt: skip
+
+
+def guard_table(guards: dict[int, dict[str, dict]]) -> pd.DataFrame:
+    """One row per (iteration, group) the switch guard judged: both scores and the verdict."""
+    rows = [
+        {"iteration": i, "group": group, **{c: entry.get(c) for c in GUARD_COLUMNS}}
+        for i, groups in sorted(guards.items())
+        for group, entry in sorted(groups.items())
+    ]
+    return pd.DataFrame(rows)
+
+
 def report_html(
     run_name: str,
     stats: pd.DataFrame,
@@ -211,6 +227,7 @@ def report_html(
     tree_iteration: int | None,
     models: dict[int, dict[str, str]] | None = None,
     timings: dict[int, dict[str, float]] | None = None,
+    guards: dict[int, dict[str, dict]] | None = None,
 ) -> str:
     """Assemble the page from its parts."""
     iterations = stats["iteration"].tolist() if not stats.empty else []
@@ -222,6 +239,13 @@ def report_html(
     if timings:
         frame = pd.DataFrame([{"iteration": i, **s} for i, s in sorted(timings.items())])
         models_html += "<h3>Wall seconds per stage</h3>" + html_table(frame.round(1))
+    if guards and any(guards.values()):
+        models_html += (
+            '<h3>Switch guard</h3><p class="muted">Validation reward of the previous and the '
+            "new model, and how far the new model's replies drifted (nats per token, under the "
+            "previous model); <code>kept_previous</code> means the new model was not used.</p>"
+            + html_table(guard_table(guards))
+        )
     trees_title = "Response trees" + (
         f" (iteration {tree_iteration})" if tree_iteration is not None else ""
     )
@@ -262,6 +286,10 @@ def build_report(run: RunView, trees: int = 3, iteration: int | None = None) -> 
     models = {i: run.manifest(i).get("models_after") or {} for i in run.iterations}
     models = {i: m for i, m in models.items() if m}
     timings = {i: stage_seconds(run.manifest(i)) for i in run.iterations}
+    guards = {
+        i: run.manifest(i).get("stages", {}).get("switch_guard", {}).get("info") or {}
+        for i in run.iterations
+    }
     if iteration is None:
         done = [i for i in run.iterations if "rewards" in run.manifest(i).get("stages", {})]
         iteration = done[-1] if done else None
@@ -284,4 +312,6 @@ def build_report(run: RunView, trees: int = 3, iteration: int | None = None) -> 
                 )
             )
     plots = metric_plots(stats)
-    return report_html(run.name, stats, plots, "".join(sections), iteration, models, timings)
+    return report_html(
+        run.name, stats, plots, "".join(sections), iteration, models, timings, guards
+    )

@@ -4,7 +4,13 @@ A DPO step can wreck a small model (answers turn into runs of one token). Before
 new and the previous model of each trained group play the same validation episodes (problems
 carved from the train split, same datapoints and seeds: a paired comparison); the group keeps
 its previous model when the new one's score is lower by more than a margin. The score is the
-mean episode reward of the group's agents. The reference library has no such guard. Pure.
+mean episode reward of the group's agents.
+
+A reward can miss a wreck: a prover's reward is the verifier's verdict, and a verifier that
+accepts word salad rewards it. So the guard also asks the previous model how likely it finds
+each model's replies on those episodes (nats per token): the new model's replies falling more
+than `max_drift` below the previous model's own marks the new model as degenerate, whatever
+its reward. The reference library has no such guard. Pure.
 """
 
 from __future__ import annotations
@@ -24,6 +30,38 @@ def group_score(agent_rewards: Mapping[str, float | None], agents: Sequence[str]
 def verdict(previous_score: float, new_score: float, margin: float) -> str:
     """`switched` unless the new model is worse than the previous one by more than `margin`."""
     return KEPT_PREVIOUS if new_score < previous_score - margin else SWITCHED
+
+
+def logprob_per_token(scores: Sequence[tuple[float, int]] | None) -> float | None:
+    """Token-weighted mean log-probability of scored replies (None: nothing scored)."""
+    if not scores:
+        return None
+    tokens = sum(n for _, n in scores)
+    return sum(lp for lp, _ in scores) / tokens if tokens else None
+
+
+def drift(previous_own: float | None, new_under_previous: float | None) -> float | None:
+    """Nats per token the new model's replies lose, under the previous model, against the
+    previous model's own replies (positive: less likely). None when either is unknown."""
+    if previous_own is None or new_under_previous is None:
+        return None
+    return previous_own - new_under_previous
+
+
+def guard_verdict(
+    previous_score: float,
+    new_score: float,
+    margin: float,
+    drift_nats: float | None = None,
+    max_drift: float | None = None,
+) -> tuple[str, str | None]:
+    """(verdict, reason): `reward` when the score fell by more than `margin`, `drift` when the
+    replies drifted more than `max_drift` nats per token; (switched, None) otherwise."""
+    if verdict(previous_score, new_score, margin) == KEPT_PREVIOUS:
+        return KEPT_PREVIOUS, "reward"
+    if max_drift is not None and drift_nats is not None and drift_nats > max_drift:
+        return KEPT_PREVIOUS, "drift"
+    return SWITCHED, None
 
 
 def guarded_models(

@@ -53,6 +53,9 @@ class InferenceEngine(typing.Protocol):
 
     async def load_adapter(self, name: str, path: str) -> None: ...
 
+    # Optional (ours): `async def score(model, conversations) -> list[(logprob, tokens)]`, the
+    # log-likelihood of each conversation's last message; engines without it answer 501.
+
     async def unload_adapter(self, name: str) -> None: ...
 
     async def release_accelerator(self) -> None:

@@ -321,6 +321,22 @@ class TransformersEngine:
             for answers, r in zip(per_request, requests, strict=True)
         ]
 
+    async def score(self, model: str, conversations: list[list[dict]]) -> list[tuple[float, int]]:
+        """(log-probability, tokens) of each conversation's last message under `model`."""
+        if model not in self.models():
+            raise AdapterError(f"model {model!r} is not loaded")
+        return await self._run(self._score, model, conversations)
+
+    def _score(self, name: str, conversations: list[list[dict]]) -> list[tuple[float, int]]:
+        import torch
+
+        from nip_core.lm_server.engines.hf_scoring import message_logprobs
+
+        self._ensure_weights()
+        model = self._select(name)
+        with torch.inference_mode(), self._adapter_scope(model, name):
+            return message_logprobs(model, self.tokenizer, conversations, self.device)
+
     def _select(self, name: str):
         return self._full.get(name, self.model)
 
