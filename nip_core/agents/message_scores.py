@@ -40,7 +40,7 @@ def score_replies(
             reply = client.post(
                 f"{base_url}/chat/score", json={"model": model, "conversations": chunk}
             )
-            if reply.status_code == 501:  # an engine without scoring (vLLM)
+            if reply.status_code in (404, 501):  # an engine or a server without scoring
                 return None
             reply.raise_for_status()
             data = sorted(reply.json()["data"], key=lambda d: d["index"])
