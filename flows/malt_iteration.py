@@ -31,7 +31,7 @@ from flows.cli import (
 from flows.pipeline import format_summary, run_iteration
 from nip_core.run.artifacts import RunPaths, default_root
 from nip_core.run.iteration_context import build_context
-from nip_core.run.lock import lock_run_folder
+from nip_core.run.lock import clear_stale_lock, lock_run_folder
 from nip_core.run.run_folder import finished_iteration_stats, prepare_run, previous_group_models
 from nip_core.run.tracking import open_tracker
 
@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         hp, root, paths = checked
         # A finished iteration answers from its manifest: no Prefect server, no model call.
         stats = finished_iteration_stats(paths, hp, args.run_name, args.iteration)
+        if stats is not None and paths.is_local:
+            clear_stale_lock(paths.run_dir)  # left by a run killed while shutting down
         if stats is None:
             stats = malt_iteration(
                 overrides=args.overrides,

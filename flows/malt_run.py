@@ -29,7 +29,7 @@ from nip_core.lm_server.launch import ensure_lm_server
 from nip_core.parameters import HyperParameters
 from nip_core.run.artifacts import RunPaths, default_root
 from nip_core.run.iteration_context import build_context
-from nip_core.run.lock import lock_run_folder
+from nip_core.run.lock import clear_stale_lock, lock_run_folder
 from nip_core.run.run_folder import finished_iteration_stats, prepare_run, previous_group_models
 from nip_core.run.tracking import open_tracker
 
@@ -109,7 +109,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def run(checked) -> int:
         hp, root, paths = checked
-        if not all_iterations_finished(hp, paths, args.run_name):  # else: nothing to start
+        if all_iterations_finished(hp, paths, args.run_name):  # nothing to start
+            if paths.is_local:
+                clear_stale_lock(paths.run_dir)  # left by a run killed while shutting down
+        else:
             malt_run(
                 args.overrides,
                 args.config,

@@ -18,6 +18,7 @@ from nip_core.run.lock import (
     LOCK_NAME,
     LockInfo,
     RunLockedError,
+    clear_stale_lock,
     process_start_tick,
     read_lock,
     run_lock,
@@ -89,6 +90,15 @@ def test_stale_lock_of_dead_pid_is_taken_over_with_warning(tmp_path, caplog):
     assert f"pid {pid}" in caplog.text and "stale" in caplog.text
     assert not (tmp_path / LOCK_NAME).exists()
     assert not list(tmp_path.glob(".lock*"))  # no leftovers from the take-over
+
+
+def test_clear_stale_lock_removes_a_dead_holders_lock_only(tmp_path):
+    assert not clear_stale_lock(tmp_path)  # no lock at all
+    plant_lock(tmp_path, os.getpid(), proc_start=process_start_tick(os.getpid()))
+    assert not clear_stale_lock(tmp_path) and (tmp_path / LOCK_NAME).exists()  # alive: kept
+    plant_lock(tmp_path, dead_pid())
+    assert clear_stale_lock(tmp_path)
+    assert not list(tmp_path.glob(".lock*"))
 
 
 def test_reused_pid_with_other_start_time_counts_as_stale(tmp_path):

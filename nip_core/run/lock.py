@@ -180,6 +180,26 @@ def acquire(run_dir: str | os.PathLike, attempts: int = 5) -> tuple[Path, LockIn
     raise RunLockedError(f"could not take the lock {lock}: it keeps changing hands")
 
 
+def clear_stale_lock(run_dir: str | os.PathLike) -> bool:
+    """Remove `<run_dir>/.lock` when its holder is gone; True if one was removed.
+
+    A run killed after its last write (while shutting down) leaves its lock behind, and a rerun
+    that answers a finished run from its manifest takes no lock, so nothing would ever remove
+    it. A live holder's lock (or an unreadable one still within its grace period) stays.
+    """
+    lock = Path(run_dir) / LOCK_NAME
+    if not lock.exists():
+        return False
+    holder = read_lock(lock)
+    if not _is_stale(lock, holder):
+        return False
+    try:
+        _take_over_stale(lock, holder)
+    except RunLockedError:
+        return False
+    return not lock.exists()
+
+
 def release(lock: Path, info: LockInfo) -> None:
     """Delete the lock if it is still ours (never someone else's)."""
     current = read_lock(lock)
