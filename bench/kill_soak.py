@@ -16,8 +16,9 @@ moment the run writes one of its next milestones (a stage's file or manifest ent
 those whose stage has been hit least so far), plus 0-20 ms, so every stage gets kills, including
 those that take milliseconds, and kills land between a stage's files and its manifest entry;
 the others a delay u after the restarted run took its lock, u uniform in
-[0, min(left, 2 x left / kills to go)] where `left` is the reference's remaining time, so they
-spread over generation and the switch guard. Once a run has finished (a kill that lands after
+[0, max(min(left, 2 x left / kills to go), 3 s)] where `left` is the reference's remaining time
+(the 3 s: a restart re-checks its finished stages first), so they spread over generation, the
+switch guard and the resume itself. Once a run has finished (a kill that lands after
 its last write, while it shuts down, finishes it too), a new run folder is started (another
 round) until all kills have landed; every round is compared with the reference.
 
@@ -73,6 +74,9 @@ OVERRIDES = [
     "nip_protocol.max_message_rounds=8",
 ]
 STARTUP_SHARE, EVENT_SHARE = 0.2, 0.6  # of all kills; of the kills after start-up
+# A restart re-checks every finished stage before it writes anything new: however little work
+# is left, a delay kill may come up to this long after the run lock.
+RESUME_FLOOR = 3.0
 RUN_TIMEOUT = 600.0
 MAX_CRASHES = 3  # restarts that exit non-zero before a round gives up
 
@@ -214,7 +218,7 @@ class KillSoak:
                 time.sleep(self.rng.uniform(0.0, 0.02))
             return "event"
         left = max(self.timeline.end - got, 0.05)
-        u = self.rng.uniform(0.0, min(left, 2.0 * left / left_kills))
+        u = self.rng.uniform(0.0, max(min(left, 2.0 * left / left_kills), RESUME_FLOOR))
         if wait_until(lambda: lock_holder(one.run_dir) == process.pid, process, deadline):
             self.startups.append(time.monotonic() - now)
             wait_until(lambda: False, process, time.monotonic() + u)
