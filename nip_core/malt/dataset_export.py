@@ -36,16 +36,21 @@ def _assistant(text: str) -> list[dict]:
     return [{"role": "assistant", "content": text}]
 
 
-def dpo_rows(nodes: pa.Table, pairs: pa.Table, context: ExportContext) -> list[dict]:
-    """One row per pair: the agent's view up to the parent, and the two sibling responses."""
-    index = turns_by_node(nodes)
-    batch_of = dict(
+def batch_index_by_node(nodes: pa.Table) -> dict[str, int]:
+    """node id -> the batch index of its tree (which datapoint and episode seed it belongs to)."""
+    return dict(
         zip(
             nodes.column("node_id").to_pylist(),
             nodes.column("batch_index").to_pylist(),
             strict=True,
         )
     )
+
+
+def dpo_rows(nodes: pa.Table, pairs: pa.Table, context: ExportContext) -> list[dict]:
+    """One row per pair: the agent's view up to the parent, and the two sibling responses."""
+    index = turns_by_node(nodes)
+    batch_of = batch_index_by_node(nodes)
     rows = []
     for pair in pairs.to_pylist():
         agent = pair["agent"]
@@ -112,13 +117,7 @@ def guess_replaced_pairs(
         points[i] for i in sorted(rng.permutation(len(points))[: int(p * len(points))])
     ]
     index = turns_by_node(nodes)
-    batch_of = dict(
-        zip(
-            nodes.column("node_id").to_pylist(),
-            nodes.column("batch_index").to_pylist(),
-            strict=True,
-        )
-    )
+    batch_of = batch_index_by_node(nodes)
     rows = []
     for parent, child in chosen_points:
         item = context.items[batch_of[parent]]
@@ -132,13 +131,14 @@ def guess_replaced_pairs(
             item.episode_seed,
         )
         truth = ACCEPT if item.datapoint.y == 1 else REJECT
-        verdict = lambda v: f"Decision: {stance_string(v)}"  # noqa: E731
         rows.append(
             {
                 "openai_prompt": openai_messages(prompt),
                 "prompt": fold_speaker_names(prompt),
-                "chosen": _assistant(verdict(truth)),
-                "rejected": _assistant(verdict(REJECT if truth == ACCEPT else ACCEPT)),
+                "chosen": _assistant(f"Decision: {stance_string(truth)}"),
+                "rejected": _assistant(
+                    f"Decision: {stance_string(REJECT if truth == ACCEPT else ACCEPT)}"
+                ),
                 "iteration": context.iteration,
                 "agent": verifier,
                 "datapoint_id": item.datapoint.id,
