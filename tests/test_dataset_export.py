@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import warnings
 from dataclasses import replace
 
@@ -353,15 +354,19 @@ def solo_tree() -> Tree:
 
 
 def test_malt_guess_replaced_pairs_prefer_the_true_verdict(solo_tree):
-    points = export.verifier_decision_points(solo_tree.nodes, "verifier")
-    assert len(points) == 10  # one decision point per episode: the root of each tree
+    leaves = export.leaf_indices(solo_tree.nodes)
+    assert len(leaves) == 30  # 10 episodes x 3 sampled verdicts
     none = TextRlParameters(verifier_guess_replacement_proportion=0.0)
     assert export.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, none, 1) == []
     half = TextRlParameters(verifier_guess_replacement_proportion=0.5)
     rows = export.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, half, 1)
-    assert len(rows) == 5 and len({r["parent_node_id"] for r in rows}) == 5
+    assert len(rows) == 15  # the share of the verifier's rollouts, as EI replaces
     assert rows == export.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, half, 1)
     assert rows != export.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, half, 2)
+    every = TextRlParameters(verifier_guess_replacement_proportion=1.0)
+    all_rows = export.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, every, 1)
+    per_parent = collections.Counter(r["parent_node_id"] for r in all_rows)
+    assert len(per_parent) == 10 and set(per_parent.values()) == {3}
     y_of = {it.datapoint.id: it.datapoint.y for it in solo_tree.items}
     sampled = {
         r["parent_node_id"]: r["prompt"]
@@ -379,4 +384,4 @@ def test_malt_guess_replaced_pairs_prefer_the_true_verdict(solo_tree):
         if row["parent_node_id"] in sampled:  # the same chat the sampled answers came from
             assert row["prompt"] == sampled[row["parent_node_id"]]
     table = export.dpo_table(rows)
-    assert table.schema == schemas.DPO and table.column("guess_replaced").to_pylist() == [True] * 5
+    assert table.schema == schemas.DPO and table.column("guess_replaced").to_pylist() == [True] * 15

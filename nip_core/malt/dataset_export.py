@@ -86,63 +86,52 @@ def dpo_rows(nodes: pa.Table, pairs: pa.Table, context: ExportContext) -> list[d
     return rows
 
 
-def verifier_decision_points(nodes: pa.Table, verifier: str) -> list[tuple[str, str]]:
-    """(parent id, child id) per node whose children end an episode with a verifier turn.
-
-    One child stands for its siblings: they share the parent's history and round.
-    """
-    points: dict[str, str] = {}
-    leaves = set(leaf_indices(nodes).tolist())
-    for i, row in enumerate(nodes.to_pylist()):
-        spoke = any(m["agent"] == verifier for m in row["raw_messages"])
-        if i in leaves and spoke and row["parent_id"] is not None:
-            points.setdefault(row["parent_id"], row["node_id"])
-    return sorted(points.items())
-
-
 def guess_replaced_pairs(
     nodes: pa.Table, context: ExportContext, text_rl, run_seed: int
 ) -> list[dict]:
-    """MALT's counterpart of nip's guess replacement (ours): at a share of the verifier's
-    decision points, a pair preferring the true verdict ("Decision: accept" if y = 1) over the
-    false one. The verifier's reward for a verdict is known without sampling it, so this
-    reaches the verdicts a model that nearly always accepts never samples."""
+    """MALT's counterpart of nip's guess replacement (ours): for a share of the verifier's
+    rollouts (as expert iteration replaces that share), a pair preferring the true verdict
+    ("Decision: accept" if y = 1) over the false one after the chat its last reply came from.
+    The verifier's reward for a verdict is known without sampling it, so this reaches the
+    verdicts a model that nearly always accepts never samples, with as many rows as EI's
+    replaced rollouts."""
     verifier = context.protocol.verifier_name
     p = guess_replacement_proportion(text_rl, context.iteration)
-    points = verifier_decision_points(nodes, verifier)
-    if p <= 0 or not points:
+    leaves = leaf_indices(nodes)
+    if p <= 0 or len(leaves) == 0:
         return []
     rng = np.random.default_rng(stable_int("malt-guess", run_seed, context.iteration, verifier))
-    chosen_points = [
-        points[i] for i in sorted(rng.permutation(len(points))[: int(p * len(points))])
-    ]
+    replaced = np.sort(leaves[rng.permutation(len(leaves))[: int(p * len(leaves))]])
     index = turns_by_node(nodes)
-    batch_of = batch_index_by_node(nodes)
+    node_ids = nodes.column("node_id").to_pylist()
+    parent_ids = nodes.column("parent_id").to_pylist()
+    batch_indices = nodes.column("batch_index").to_pylist()
     rows = []
-    for parent, child in chosen_points:
-        item = context.items[batch_of[parent]]
-        prompt = chat_messages(
+    for leaf in replaced:
+        item = context.items[batch_indices[leaf]]
+        truth = ACCEPT if item.datapoint.y == 1 else REJECT
+        conversation = training_conversation(
             context.protocol,
             verifier,
             context.agent_params[verifier],
             item.datapoint,
-            history(index, parent),
-            index[child][1].round,
+            history(index, node_ids[leaf]),
             item.episode_seed,
+            replace_verifier_decision_with=truth,
         )
-        truth = ACCEPT if item.datapoint.y == 1 else REJECT
+        if conversation is None:
+            continue
+        false = f"Decision: {stance_string(REJECT if truth == ACCEPT else ACCEPT)}"
         rows.append(
             {
-                "openai_prompt": openai_messages(prompt),
-                "prompt": fold_speaker_names(prompt),
-                "chosen": _assistant(f"Decision: {stance_string(truth)}"),
-                "rejected": _assistant(
-                    f"Decision: {stance_string(REJECT if truth == ACCEPT else ACCEPT)}"
-                ),
+                "openai_prompt": openai_messages(conversation[:-1]),
+                "prompt": fold_speaker_names(conversation[:-1]),
+                "chosen": _assistant(conversation[-1]["content"]),
+                "rejected": _assistant(false),
                 "iteration": context.iteration,
                 "agent": verifier,
                 "datapoint_id": item.datapoint.id,
-                "parent_node_id": parent,
+                "parent_node_id": parent_ids[leaf],
                 "chosen_node_id": None,
                 "rejected_node_id": None,
                 "chosen_expected_reward": None,
