@@ -358,16 +358,24 @@ def test_malt_guess_replaced_pairs_prefer_the_true_verdict(solo_tree):
     assert len(leaves) == 30  # 10 episodes x 3 sampled verdicts
     none = TextRlParameters(verifier_guess_replacement_proportion=0.0)
     assert export.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, none, 1) == []
+    y_of = {it.datapoint.id: it.datapoint.y for it in solo_tree.items}
+    accepts = sum(y_of[solo_tree.items[i].datapoint.id] for i in range(10)) * 3
+    assert 0 < accepts < 30, "the fixture needs both labels"
+
+    def chosen_counts(rows):
+        return collections.Counter(r["chosen"][0]["content"] for r in rows)
+
     half = TextRlParameters(verifier_guess_replacement_proportion=0.5)
     rows = export.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, half, 1)
-    assert len(rows) == 15  # the share of the verifier's rollouts, as EI replaces
+    each = min(15 // 2, accepts, 30 - accepts)  # half the share per label, as far as it goes
+    assert chosen_counts(rows) == {"Decision: accept": each, "Decision: reject": each}
     assert rows == export.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, half, 1)
     assert rows != export.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, half, 2)
     every = TextRlParameters(verifier_guess_replacement_proportion=1.0)
     all_rows = export.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, every, 1)
-    per_parent = collections.Counter(r["parent_node_id"] for r in all_rows)
-    assert len(per_parent) == 10 and set(per_parent.values()) == {3}
-    y_of = {it.datapoint.id: it.datapoint.y for it in solo_tree.items}
+    each = min(accepts, 30 - accepts)  # balanced: the rarer label sets the count
+    assert chosen_counts(all_rows) == {"Decision: accept": each, "Decision: reject": each}
+    assert len({(r["parent_node_id"], r["datapoint_id"]) for r in all_rows}) <= 10
     sampled = {
         r["parent_node_id"]: r["prompt"]
         for r in export.dpo_rows(solo_tree.nodes, solo_tree.pairs(), solo_tree.export)
@@ -384,4 +392,5 @@ def test_malt_guess_replaced_pairs_prefer_the_true_verdict(solo_tree):
         if row["parent_node_id"] in sampled:  # the same chat the sampled answers came from
             assert row["prompt"] == sampled[row["parent_node_id"]]
     table = export.dpo_table(rows)
-    assert table.schema == schemas.DPO and table.column("guess_replaced").to_pylist() == [True] * 15
+    assert table.schema == schemas.DPO
+    assert table.column("guess_replaced").to_pylist() == [True] * len(rows)

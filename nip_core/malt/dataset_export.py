@@ -93,23 +93,35 @@ def guess_replaced_pairs(
     rollouts (as expert iteration replaces that share), a pair preferring the true verdict
     ("Decision: accept" if y = 1) over the false one after the chat its last reply came from.
     The verifier's reward for a verdict is known without sampling it, so this reaches the
-    verdicts a model that nearly always accepts never samples, with as many rows as EI's
-    replaced rollouts."""
+    verdicts a model that nearly always accepts never samples.
+
+    Balanced: as many pairs prefer "accept" as "reject" (up to half the share each, fewer if
+    one label has fewer rollouts). DPO's loss is lowest when the policy's accept-vs-reject
+    log-odds move by ln(n_accept / n_reject) / beta from the reference's, so at beta 0.1 a
+    59:41 split of the labels alone would push the verifier to accepting ~97 % of the time
+    (measured on the validation split), whatever the solutions say."""
     verifier = context.protocol.verifier_name
     p = guess_replacement_proportion(text_rl, context.iteration)
     leaves = leaf_indices(nodes)
     if p <= 0 or len(leaves) == 0:
         return []
     rng = np.random.default_rng(stable_int("malt-guess", run_seed, context.iteration, verifier))
-    replaced = np.sort(leaves[rng.permutation(len(leaves))[: int(p * len(leaves))]])
+    batch_indices = nodes.column("batch_index").to_pylist()
+    truth_of = {
+        leaf: ACCEPT if context.items[batch_indices[leaf]].datapoint.y == 1 else REJECT
+        for leaf in leaves.tolist()
+    }
+    shuffled = leaves[rng.permutation(len(leaves))].tolist()
+    by_truth = [[leaf for leaf in shuffled if truth_of[leaf] == t] for t in (ACCEPT, REJECT)]
+    each = min(int(p * len(leaves)) // 2, *(len(group) for group in by_truth))
+    replaced = sorted(leaf for group in by_truth for leaf in group[:each])
     index = turns_by_node(nodes)
     node_ids = nodes.column("node_id").to_pylist()
     parent_ids = nodes.column("parent_id").to_pylist()
-    batch_indices = nodes.column("batch_index").to_pylist()
     rows = []
     for leaf in replaced:
         item = context.items[batch_indices[leaf]]
-        truth = ACCEPT if item.datapoint.y == 1 else REJECT
+        truth = truth_of[leaf]
         conversation = training_conversation(
             context.protocol,
             verifier,
