@@ -95,11 +95,8 @@ def guess_replaced_pairs(
     The verifier's reward for a verdict is known without sampling it, so this reaches the
     verdicts a model that nearly always accepts never samples.
 
-    Balanced: as many pairs prefer "accept" as "reject" (up to half the share each, fewer if
-    one label has fewer rollouts). DPO's loss is lowest when the policy's accept-vs-reject
-    log-odds move by ln(n_accept / n_reject) / beta from the reference's, so at beta 0.1 a
-    59:41 split of the labels alone would push the verifier to accepting ~97 % of the time
-    (measured on the validation split), whatever the solutions say."""
+    Balanced: DPO's optimum moves the accept-vs-reject log-odds by ln(n_accept/n_reject)/beta,
+    so at beta 0.1 a 59:41 label split alone took a verifier to ~97 % accepts (validation)."""
     verifier = context.protocol.verifier_name
     p = guess_replacement_proportion(text_rl, context.iteration)
     leaves = leaf_indices(nodes)
@@ -111,10 +108,7 @@ def guess_replaced_pairs(
         leaf: ACCEPT if context.items[batch_indices[leaf]].datapoint.y == 1 else REJECT
         for leaf in leaves.tolist()
     }
-    shuffled = leaves[rng.permutation(len(leaves))].tolist()
-    by_truth = [[leaf for leaf in shuffled if truth_of[leaf] == t] for t in (ACCEPT, REJECT)]
-    each = min(int(p * len(leaves)) // 2, *(len(group) for group in by_truth))
-    replaced = sorted(leaf for group in by_truth for leaf in group[:each])
+    replaced = balanced_share(leaves, truth_of, p, rng)
     index = turns_by_node(nodes)
     node_ids = nodes.column("node_id").to_pylist()
     parent_ids = nodes.column("parent_id").to_pylist()
@@ -152,6 +146,16 @@ def guess_replaced_pairs(
             }
         )
     return rows
+
+
+def balanced_share(
+    leaves: np.ndarray, truth_of: Mapping[int, int], p: float, rng: np.random.Generator
+) -> list[int]:
+    """Up to half of `p` x len(leaves) random leaves per true verdict, as many of each."""
+    shuffled = leaves[rng.permutation(len(leaves))].tolist()
+    by_truth = [[leaf for leaf in shuffled if truth_of[leaf] == t] for t in (ACCEPT, REJECT)]
+    each = min(int(p * len(leaves)) // 2, *(len(group) for group in by_truth))
+    return sorted(leaf for group in by_truth for leaf in group[:each])
 
 
 def episode_rewards(nodes: pa.Table, rewards: pa.Table, agent_names: Sequence[str]) -> np.ndarray:
