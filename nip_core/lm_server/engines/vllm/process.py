@@ -1,4 +1,4 @@
-"""Supervise one `vllm serve` process: launch it in its own process group, read its log, end it.
+"""Supervise one vLLM server process: launch it in its own process group, read its log, end it.
 
 vLLM starts worker processes of its own (the engine core, one per GPU), so it gets a new session
 and is ended by signalling the whole group: SIGTERM, then SIGKILL after a grace period. Its output
@@ -51,7 +51,7 @@ def signal_group(pgid: int, sig: signal.Signals) -> None:
 
 
 class VllmProcess:
-    """One launched `vllm serve`; appends to `log_path` and remembers where its output starts."""
+    """One launched vLLM server; appends to `log_path` and remembers where its output starts."""
 
     def __init__(self, config: VllmServeConfig, log_path: Path) -> None:
         cmd = vllm_command(config)
@@ -67,13 +67,13 @@ class VllmProcess:
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    env=vllm_env(),
+                    env=vllm_env(config=config),
                     start_new_session=True,  # own process group: terminate() reaches workers
                 )
             except FileNotFoundError as exc:
                 raise VllmError(
-                    f"vLLM executable {config.vllm_executable!r} not found; "
-                    "install the GPU extra with: pip install '.[vllm]'"
+                    f"vLLM executable {cmd[0]!r} not found; build the vLLM environment with "
+                    "scripts/setup_vllm.sh (or on a GPU: pip install '.[vllm]')"
                 ) from exc
 
     @property
