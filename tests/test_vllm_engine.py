@@ -271,6 +271,9 @@ def test_cpu_environment_binds_threads_and_preloads_intel_openmp(tmp_path) -> No
     bare = default_launcher(fake_vllm_venv(tmp_path / "b", iomp=False))
     no_iomp = vllm_env({}, VllmServeConfig("/m", device="cpu", launcher=bare), cpus={0})
     assert "LD_PRELOAD" not in no_iomp and no_iomp["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert "VLLM_SERVER_DEV_MODE" not in env
+    swapping = VllmServeConfig("/m", device="cpu", enable_lora=False, weight_reload=True)
+    assert vllm_env({}, swapping, cpus={0})["VLLM_SERVER_DEV_MODE"] == "1"  # reload_weights
     gpu = vllm_env({"PATH": "/bin"}, VllmServeConfig("/m"))
     assert gpu == {"PATH": "/bin", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
 

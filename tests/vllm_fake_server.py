@@ -1,10 +1,13 @@
 """A fake `vllm` executable for tests/test_vllm_engine.py (copied into tmp_path as `vllm`).
 
-Usage as vLLM's: `vllm serve MODEL --host H --port P ...`. Serves /v1/models, /v1/chat/completions,
-/v1/load_lora_adapter and /v1/unload_lora_adapter; records launches and requests in
-`requests.jsonl` beside itself; starts a sleeping "worker" child (as vLLM starts its engine core).
-Env switches: FAKE_VLLM_DELAY (seconds before listening), FAKE_VLLM_CRASH (exit 3 at start-up),
-FAKE_VLLM_IGNORE_TERM (ignore SIGTERM).
+Usage as vLLM's: `vllm serve MODEL --host H --port P [--served-model-name NAME] ...`. Serves
+/v1/models, /v1/chat/completions, /v1/load_lora_adapter and /v1/unload_lora_adapter; records
+launches (argv and vLLM's environment switches) and requests in `requests.jsonl` beside itself;
+starts a sleeping "worker" child (as vLLM starts its engine core). A chat answers
+`<served name>#<choice index>`; after `/collective_rpc` `reload_weights` (served with
+VLLM_SERVER_DEV_MODE=1, as `/reset_prefix_cache`) `<folder name of the weights>#<index>`. Env switches: FAKE_VLLM_DELAY (seconds before listening),
+FAKE_VLLM_CRASH (exit 3 at start-up), FAKE_VLLM_IGNORE_TERM (ignore SIGTERM),
+FAKE_VLLM_CHAT_DELAY (seconds each chat takes).
 """
 
 import json
@@ -18,6 +21,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 MODEL = ""
+LABEL = ""  # what a chat answer starts with: the served name, or the folder of reloaded weights
 ADAPTERS: dict[str, str] = {}
 
 
@@ -43,6 +47,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send(200, {"object": "list", "data": [{"id": m} for m in [MODEL, *ADAPTERS]]})
 
     def do_POST(self):
+        global LABEL
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         record("post", path=self.path, body=body)
         if self.path == "/v1/chat/completions":
@@ -51,15 +56,26 @@ class Handler(BaseHTTPRequestHandler):
                 return self.error(404, f"The model `{name}` does not exist.")
             if body.get("max_tokens", 1) < 1:
                 return self.error(400, "max_tokens must be at least 1")
+            time.sleep(float(os.environ.get("FAKE_VLLM_CHAT_DELAY", "0")))
             choices = [
                 {
                     "index": i,
-                    "message": {"role": "assistant", "content": f"{name}#{i}"},
+                    "message": {"role": "assistant", "content": f"{LABEL or name}#{i}"},
                     "finish_reason": "length" if i else "stop",
                 }
                 for i in reversed(range(body.get("n", 1)))
             ]
             return self.send(200, {"object": "chat.completion", "choices": choices})
+        if self.path in ("/collective_rpc", "/reset_prefix_cache"):
+            if os.environ.get("VLLM_SERVER_DEV_MODE") != "1":
+                return self.error(404, "Not Found")
+            if self.path == "/collective_rpc":
+                path = body["kwargs"]["weights_path"]
+                if "BROKEN" in path:
+                    return self.error(500, f"cannot load weights from {path}")
+                LABEL = Path(path).name
+                return self.send(200, {"results": [None]})
+            return self.send(200, "")
         name = body.get("lora_name")
         if self.path == "/v1/load_lora_adapter":
             if name in ADAPTERS:
@@ -82,7 +98,15 @@ class Handler(BaseHTTPRequestHandler):
 def main(args: list[str]) -> None:
     global MODEL
     MODEL, port, host = args[1], int(args[args.index("--port") + 1]), args[args.index("--host") + 1]
-    record("launch", argv=args, lora_env=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING"))
+    if "--served-model-name" in args:
+        MODEL = args[args.index("--served-model-name") + 1]
+    switches = {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}
+    record(
+        "launch",
+        argv=args,
+        lora_env=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING"),
+        env=switches,
+    )
     print(f"fake vllm: loading {MODEL}", flush=True)
     if os.environ.get("FAKE_VLLM_CRASH"):
         print("RuntimeError: CUDA out of memory (fake)", file=sys.stderr, flush=True)

