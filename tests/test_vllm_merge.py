@@ -362,3 +362,11 @@ def test_server_flags_reach_the_engine(tmp_path) -> None:
     default = _parse(["--engine", "vllm", "--vllm-device", "cpu"])
     engine = VllmEngine("m", **vllm_options(default), **vllm_engine_options(default, tmp_path))
     assert (engine.max_running, engine.config.weight_reload) == (1, True)
+
+
+def test_usage_counts_tokens_with_the_models_tokenizer(tmp_path) -> None:
+    from nip_core.lm_server.embedded_model import embedded_model_path
+
+    engine = VllmEngine(str(embedded_model_path()), device="cpu")
+    assert engine.count_tokens("Decision: accept") == 4  # as SmolLM2's tokenizer splits it
+    assert VllmEngine(str(tmp_path), device="cpu").count_tokens("two words") == 2  # no tokenizer

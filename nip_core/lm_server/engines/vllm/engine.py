@@ -182,6 +182,7 @@ class VllmEngine:
             reload=self.config.weight_reload,
         )
         self._lock = asyncio.Lock()  # adapter changes, start and stop
+        self._tokenizer: Any = None  # for usage counts: loaded on first use, False if none
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -257,6 +258,21 @@ class VllmEngine:
         return self._pool.serving(key, self._instance_config)
 
     # ---- serving --------------------------------------------------------------------------
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of `text` under the base model's tokenizer (`tokenizer.json`, read with the
+        light `tokenizers` library), as the transformers engine counts them; else words."""
+        if self._tokenizer is None:
+            path = Path(self.config.model) / "tokenizer.json"
+            if path.is_file():
+                from tokenizers import Tokenizer
+
+                self._tokenizer = Tokenizer.from_file(str(path))
+            else:
+                self._tokenizer = False
+        if self._tokenizer is False:
+            return len(text.split())
+        return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
     def models(self) -> list[str]:
         """The base model followed by the adapters that are (or will be, on start) loaded."""
