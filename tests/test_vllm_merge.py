@@ -22,7 +22,7 @@ import pytest
 
 from nip_core.lm_server.engines.base import AdapterError
 from nip_core.lm_server.engines.vllm import VllmEngine, VllmError
-from nip_core.lm_server.engines.vllm.engine import merged_folder_name
+from nip_core.lm_server.engines.vllm.merging import merged_folder_name
 from nip_core.lm_server.merge_lora import MARKER, is_merged, merge_adapter
 from tests.test_vllm_engine import (
     alive,

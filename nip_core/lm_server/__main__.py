@@ -33,6 +33,26 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         default=0.0,
         help="dummy engine only: how long each fake training job takes",
     )
+    _add_vllm_arguments(parser)
+    parser.add_argument(
+        "--allow-adapters-anywhere",
+        action="store_true",
+        help="load_lora_adapter may read folders outside the state folder",
+    )
+    parser.add_argument(
+        "--insecure-no-token",
+        action="store_true",
+        help="serve on a non-loopback address without NIP_LM_SERVER_TOKEN",
+    )
+    training = parser.add_argument_group("training")
+    training.add_argument(
+        "--train-processes", type=int, default=1, help="GPUs per job (`accelerate launch`)"
+    )
+    training.add_argument("--train-deepspeed-config", help="DeepSpeed config file (ZeRO)")
+    return parser.parse_args(argv)
+
+
+def _add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vllm-port", type=int, default=8001, help="port of the vLLM child")
     vllm = parser.add_argument_group("vllm engine (passed to `vllm serve`)")
     vllm.add_argument("--vllm-tensor-parallel-size", type=int, default=1)
@@ -70,22 +90,6 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     vllm.add_argument(
         "--vllm-cpu-kv-cache-mib", type=int, default=512, help="CPU: KV cache per vLLM process"
     )
-    parser.add_argument(
-        "--allow-adapters-anywhere",
-        action="store_true",
-        help="load_lora_adapter may read folders outside the state folder",
-    )
-    parser.add_argument(
-        "--insecure-no-token",
-        action="store_true",
-        help="serve on a non-loopback address without NIP_LM_SERVER_TOKEN",
-    )
-    training = parser.add_argument_group("training")
-    training.add_argument(
-        "--train-processes", type=int, default=1, help="GPUs per job (`accelerate launch`)"
-    )
-    training.add_argument("--train-deepspeed-config", help="DeepSpeed config file (ZeRO)")
-    return parser.parse_args(argv)
 
 
 def vllm_options(args: argparse.Namespace) -> dict:

@@ -18,13 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import logging
 import os
-import re
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +34,10 @@ from nip_core.lm_server.engines.vllm.config import (
     default_launcher,
 )
 from nip_core.lm_server.engines.vllm.instance import VllmInstance, error_message
+from nip_core.lm_server.engines.vllm.merging import (
+    is_full_checkpoint,
+    merged_checkpoint,
+)
 from nip_core.lm_server.engines.vllm.pool import InstancePool
 from nip_core.lm_server.engines.vllm.process import VllmError
 
@@ -68,12 +69,6 @@ def parse_choices(body: Any, n: int) -> list[ChatChoice]:
         )
         for c in ordered
     ]
-
-
-def merged_folder_name(name: str, path: str) -> str:
-    """A folder name for the merge of adapter `path` served as `name` (readable, unique)."""
-    digest = hashlib.sha256(f"{name}\0{path}".encode()).hexdigest()[:16]
-    return f"{re.sub(r'[^A-Za-z0-9._-]+', '_', name)[-80:]}-{digest}"
 
 
 def serve_config(
@@ -310,7 +305,7 @@ class VllmEngine:
             raise AdapterError(f"adapter name {name!r} must be non-empty and differ from the base")
         resolved = str(Path(path).resolve())
         self._check_name_free(name, resolved)
-        full = self.lora_mode == "merge" and _is_full_checkpoint(resolved)
+        full = self.lora_mode == "merge" and is_full_checkpoint(resolved)
         if not full:
             rank = adapter_rank(resolved)
             if self.lora_mode == "runtime" and rank > self.config.max_lora_rank:
@@ -323,7 +318,17 @@ class VllmEngine:
             if self._adapters.get(name) == resolved:
                 return
             if self.lora_mode == "merge":
-                checkpoint = resolved if full else await self._merged(name, resolved)
+                checkpoint = resolved
+                if not full:
+                    checkpoint = await merged_checkpoint(
+                        self.merge_command,
+                        self.config.model,
+                        name,
+                        resolved,
+                        self.merge_dir,
+                        self.log_path,
+                        self.merge_timeout,
+                    )
                 self._checkpoints[name] = checkpoint
             else:
                 instance = self._pool.running.get(self.config.model)
@@ -339,39 +344,6 @@ class VllmEngine:
                 f"adapter name {name!r} was already used for {previous}; use a new name for "
                 "new weights (vLLM may serve stale cached blocks under a reused name)"
             )
-
-    async def _merged(self, name: str, adapter: str) -> str:
-        """The merged checkpoint of `adapter` on the base model (merged now unless it exists)."""
-        from nip_core.lm_server.merge_lora import is_merged
-
-        output = self.merge_dir / merged_folder_name(name, adapter)
-        if is_merged(output, self.config.model, adapter):
-            return str(output)
-        command = [*self.merge_command, self.config.model, adapter, str(output)]
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        started = time.monotonic()
-        with self.log_path.open("ab") as log:
-            log.write(f"\n==== nip: merging {adapter} into {output}\n".encode())
-            log.flush()
-            offset = log.tell()
-            process = await asyncio.create_subprocess_exec(
-                *command, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log
-            )
-            try:
-                code = await asyncio.wait_for(process.wait(), self.merge_timeout)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
-                code = None
-        if code != 0 or not is_merged(output, self.config.model, adapter):
-            from nip_core.lm_server.engines.vllm.process import log_tail
-
-            raise AdapterError(
-                f"could not merge adapter {name!r} from {adapter} into the base model "
-                f"(exit code {code}); {log_tail(self.log_path, offset)}"
-            )
-        _log.info("vLLM: merged %s in %.1f s", name, time.monotonic() - started)
-        return str(output)
 
     async def unload_adapter(self, name: str) -> None:
         """Unload an adapter and forget it (its name stays retired)."""
@@ -404,8 +376,3 @@ class VllmEngine:
             raise AdapterError(
                 f"vLLM could not load adapter {name!r} from {path}: {error_message(response)}"
             )
-
-
-def _is_full_checkpoint(path: str) -> bool:
-    root = Path(path)
-    return (root / "config.json").is_file() and not (root / "adapter_config.json").exists()
