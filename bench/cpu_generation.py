@@ -1,6 +1,8 @@
-"""Benchmark: CPU tokens/s of our server through its HTTP API relative to raw `generate`.
+"""Benchmark: CPU tokens/s of our server through its HTTP API relative to raw `generate`, or of
+one engine relative to another.
 
     python bench/cpu_generation.py [--requests 64] [--n 1] [--max-tokens 48]
+    python bench/cpu_generation.py --engines vllm,transformers [--fine-tuned]
 
 Both sides generate for the same verifier-style prompts (a HumanEval question, a solution and
 an instruction to judge it, from the shipped dataset), sampling at temperature 1 with
@@ -12,6 +14,13 @@ an instruction to judge it, from the shipped dataset), sampling at temperature 1
   server's `usage.completion_tokens`.
 The raw model is freed before the server starts, so both see the same machine. The last line is
 `ratio server/raw tokens per second: <x>` (target >= 0.8).
+
+With `--engines A,B` there is no raw baseline: each engine's server (one after the other, alone
+on the machine; vllm needs `scripts/setup_vllm.sh`) gets the same requests, after a warm-up, for
+the base model and with `--fine-tuned` also for a fine-tuned one: a non-trivial LoRA adapter
+(rank 8 on every linear layer, like the pipeline's, random weights, or `--adapter DIR`) loaded
+through `/v1/load_lora_adapter` (a PEFT adapter on transformers, merged weights on vLLM). The
+last line is `ratio A/B tokens per second: base <x>[, fine-tuned <y>]`.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import argparse
 import asyncio
 import gc
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -99,7 +109,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-async def _send_all(url: str, chats: list[list[dict]], n: int, max_tokens: int) -> int:
+async def _send_all(
+    url: str, chats: list[list[dict]], n: int, max_tokens: int, model: str = EMBEDDED_MODEL_NAME
+) -> int:
     import openai
 
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=3600)
@@ -107,7 +119,7 @@ async def _send_all(url: str, chats: list[list[dict]], n: int, max_tokens: int) 
         replies = await asyncio.gather(
             *(
                 client.chat.completions.create(
-                    model=EMBEDDED_MODEL_NAME,
+                    model=model,
                     messages=chat,
                     n=n,
                     max_tokens=max_tokens,
@@ -122,35 +134,97 @@ async def _send_all(url: str, chats: list[list[dict]], n: int, max_tokens: int) 
     return sum(r.usage.completion_tokens for r in replies)
 
 
-def server_tokens_per_second(chats: list[list[dict]], n: int, max_tokens: int) -> float:
-    """Tokens/s through a real server process and the openai SDK, all requests at once."""
-    port = _free_port()
+def random_adapter(path: Path) -> Path:
+    """A non-trivial LoRA adapter of the embedded model: rank 8 on every linear layer (as the
+    pipeline trains), random A and B."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(embedded_model_path()))
+    config = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+    lora = get_peft_model(model, config)
+    torch.manual_seed(0)
+    for name, param in lora.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.02)
+    lora.save_pretrained(path)
+    return path
+
+
+def _wait_up(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=1, trust_env=False).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the server did not start")
+        time.sleep(0.5)
+
+
+def server_tokens_per_second(
+    chats: list[list[dict]],
+    n: int,
+    max_tokens: int,
+    engine: str = "transformers",
+    adapter: Path | None = None,
+) -> dict[str, float]:
+    """Tokens/s through a real server process and the openai SDK, all requests at once: for the
+    base model, and for `adapter` (a fine-tuned model) when given."""
+    port, vllm_port = _free_port(), _free_port()
     url = f"http://127.0.0.1:{port}"
+    results = {}
     with tempfile.TemporaryDirectory() as state:
         env = dict(os.environ, PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false")
-        command = [sys.executable, "-m", "nip_core.lm_server", "--engine", "transformers"]
-        command += ["--port", str(port), "--state-dir", state]
+        command = [sys.executable, "-m", "nip_core.lm_server", "--engine", engine]
+        command += ["--port", str(port), "--vllm-port", str(vllm_port), "--state-dir", state]
         proc = subprocess.Popen(command, env=env)
         try:
-            deadline = time.monotonic() + 300
-            while True:
-                try:
-                    if httpx.get(url + "/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the server did not start")
-                time.sleep(0.2)
-            asyncio.run(_send_all(url, chats[:2], 1, 4))  # warm-up
-            started = time.perf_counter()
-            tokens = asyncio.run(_send_all(url, chats, n, max_tokens))
-            seconds = time.perf_counter() - started
+            _wait_up(url, proc, 1800)
+            models = {"base": EMBEDDED_MODEL_NAME}
+            if adapter is not None:
+                copy = Path(state) / "adapter"  # adapters must lie in the state folder
+                shutil.copytree(adapter, copy)
+                body = {"lora_name": "bench-ft", "lora_path": str(copy)}
+                loaded = httpx.post(
+                    url + "/v1/load_lora_adapter", json=body, timeout=1800, trust_env=False
+                )
+                loaded.raise_for_status()
+                models["fine-tuned"] = "bench-ft"
+            for label, model in models.items():
+                asyncio.run(_send_all(url, chats[:2], 1, 4, model))  # warm-up (and switch)
+                started = time.perf_counter()
+                tokens = asyncio.run(_send_all(url, chats, n, max_tokens, model))
+                seconds = time.perf_counter() - started
+                print(
+                    f"{engine} server (HTTP), {label} model: {len(chats)} requests x n={n}: "
+                    f"{tokens} tokens in {seconds:.1f} s = {tokens / seconds:.1f} tokens/s",
+                    flush=True,
+                )
+                results[label] = tokens / seconds
         finally:
             proc.terminate()
-            proc.wait(timeout=30)
-    print(f"server (HTTP): {len(chats)} requests x n={n}: {tokens} tokens in {seconds:.1f} s")
-    return tokens / seconds
+            proc.wait(timeout=120)
+    return results
+
+
+def compare_engines(args: argparse.Namespace, chats: list[list[dict]]) -> None:
+    """Each engine on the same requests (base and fine-tuned model); the ratio first/second."""
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if len(engines) != 2:
+        raise SystemExit("--engines takes two engines, e.g. vllm,transformers")
+    with tempfile.TemporaryDirectory() as tmp:
+        adapter = None
+        if args.fine_tuned:
+            adapter = Path(args.adapter) if args.adapter else random_adapter(Path(tmp) / "ad")
+        first, second = (
+            server_tokens_per_second(chats, args.n, args.max_tokens, e, adapter) for e in engines
+        )
+    ratios = ", ".join(f"{label} {first[label] / second[label]:.2f}" for label in first)
+    print(f"ratio {engines[0]}/{engines[1]} tokens per second: {ratios}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -165,15 +239,25 @@ def main(argv: list[str] | None = None) -> None:
         help="server only: send each prompt this many times (an evaluation's repeated episodes)",
     )
     parser.add_argument("--server-only", action="store_true", help="skip the raw baseline")
+    parser.add_argument(
+        "--engines", help="compare two engines' servers instead, e.g. vllm,transformers"
+    )
+    parser.add_argument(
+        "--fine-tuned", action="store_true", help="with --engines: a fine-tuned model too"
+    )
+    parser.add_argument("--adapter", help="with --fine-tuned: this LoRA adapter (default: random)")
     args = parser.parse_args(argv)
     chats = prompts(args.requests)
+    if args.engines:
+        compare_engines(args, chats)
+        return
     if args.server_only:
         repeated = [chat for chat in chats for _ in range(args.repeat)]
         server_tokens_per_second(repeated, args.n, args.max_tokens)
         return
     raw = raw_tokens_per_second(chats, args.n, args.max_tokens)
     gc.collect()  # the raw model is gone with its function's frame
-    served = server_tokens_per_second(chats, args.n, args.max_tokens)
+    served = server_tokens_per_second(chats, args.n, args.max_tokens)["base"]
     print(f"raw {raw:.1f} tokens/s, server {served:.1f} tokens/s")
     print(f"ratio server/raw tokens per second: {served / raw:.2f}")
 

@@ -1,6 +1,7 @@
 """Peak resident memory of one default iteration (flow + language-model server + LoRA DPO job).
 
     python bench/iteration_memory.py [extra flows.malt_iteration arguments]
+    NIP_LM_SERVER_ENGINE=vllm python bench/iteration_memory.py    # served by vLLM (on CPU)
 
 Runs `python -m flows.malt_iteration` on the embedded default configuration in a fresh run folder
 and samples the resident memory of the whole process tree (the flow, the self-hosted server it
@@ -36,7 +37,11 @@ def role(proc: psutil.Process) -> str:
         return "gone"
     for marker, name in (
         ("train_job", "training child"),
+        ("merge_lora", "LoRA merge child"),
+        ("vllm.entrypoints", "vLLM API server"),
+        ("VLLM::", "vLLM engine core and worker"),
         ("lm_server", "language-model server"),
+        ("prefect.server", "Prefect server"),
         ("flows.malt_iteration", "flow"),
     ):
         if marker in line:

@@ -89,7 +89,7 @@ def is_up(url: str) -> bool:
 
 
 def ensure_lm_server(
-    paths: RunPaths, context: IterationContext, timeout: float = 600.0
+    paths: RunPaths, context: IterationContext, timeout: float | None = None
 ) -> ServerHandle | None:
     endpoint = self_hosted_endpoint(context)
     if endpoint is None:
@@ -102,6 +102,8 @@ def ensure_lm_server(
         raise RuntimeError(f"the language-model server at {url} does not answer; start it there")
     state_dir = Path(paths.run_dir) / "lm_server" if paths.is_local else None
     engine = os.environ.get(ENGINE_ENV, "transformers")
+    if timeout is None:  # the server answers once vLLM is up: minutes on a busy CPU
+        timeout = 1800.0 if engine == "vllm" else 600.0
     command = [
         sys.executable, "-m", "nip_core.lm_server",
         "--engine", engine, "--host", "127.0.0.1", "--port", str(port),

@@ -129,7 +129,7 @@ class VllmEngine:
         weight_reload: bool = True,
         cpu_kv_cache_mib: int = 512,
         merge_dir: str | os.PathLike[str] | None = None,
-        startup_timeout: float = 600,
+        startup_timeout: float = 1800,
         stop_grace: float | None = None,
         request_timeout: float = 600,
         merge_timeout: float = 600,
