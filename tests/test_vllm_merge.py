@@ -370,3 +370,29 @@ def test_usage_counts_tokens_with_the_models_tokenizer(tmp_path) -> None:
     engine = VllmEngine(str(embedded_model_path()), device="cpu")
     assert engine.count_tokens("Decision: accept") == 4  # as SmolLM2's tokenizer splits it
     assert VllmEngine(str(tmp_path), device="cpu").count_tokens("two words") == 2  # no tokenizer
+
+
+def test_score_gives_the_log_likelihood_of_the_last_message(cpu_engine, tmp_path) -> None:
+    engine = cpu_engine()
+    adapter = make_adapter(tmp_path, "ad1")
+    talk = [
+        {"role": "user", "content": "is it correct"},
+        {"role": "assistant", "content": "Decision: accept now"},
+    ]
+
+    async def scenario() -> None:
+        await engine.start()
+        await engine.load_adapter("v-it1", str(adapter))
+        assert await engine.score("base-model", [talk]) == [(-1.5, 3)]  # 3 words at -0.5
+        assert await engine.score("v-it1", [talk, talk]) == [(-4.5, 3), (-4.5, 3)]
+        [prefix, *_] = posts(tmp_path, "/tokenize")
+        assert prefix == {
+            "model": "base-model",
+            "messages": talk[:1],
+            "add_generation_prompt": True,
+        }
+        scored = [b for b in posts(tmp_path, "/v1/chat/completions") if "prompt_logprobs" in b]
+        assert scored[0]["continue_final_message"] and scored[0]["prompt_logprobs"] == 0
+        assert scored[0]["messages"] == talk and scored[0]["max_tokens"] == 1
+
+    run(engine, scenario)

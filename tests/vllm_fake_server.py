@@ -4,7 +4,8 @@ Usage as vLLM's: `vllm serve MODEL --host H --port P [--served-model-name NAME] 
 /v1/models, /v1/chat/completions, /v1/load_lora_adapter and /v1/unload_lora_adapter; records
 launches (argv and vLLM's environment switches) and requests in `requests.jsonl` beside itself;
 starts a sleeping "worker" child (as vLLM starts its engine core). A chat answers
-`<served name>#<choice index>`; after `/collective_rpc` `reload_weights` (served with
+`<served name>#<choice index>`; scoring (`prompt_logprobs`, `/tokenize`) gives -0.5 a word (after
+a reload -1.5); after `/collective_rpc` `reload_weights` (served with
 VLLM_SERVER_DEV_MODE=1, as `/reset_prefix_cache`) `<folder name of the weights>#<index>`. Env switches: FAKE_VLLM_DELAY (seconds before listening),
 FAKE_VLLM_CRASH (exit 3 at start-up), FAKE_VLLM_IGNORE_TERM (ignore SIGTERM),
 FAKE_VLLM_CHAT_DELAY (seconds each chat takes).
@@ -50,10 +51,17 @@ class Handler(BaseHTTPRequestHandler):
         global LABEL
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         record("post", path=self.path, body=body)
+        if self.path == "/tokenize":
+            return self.send(200, {"count": len(fake_tokens(body["messages"], True))})
         if self.path == "/v1/chat/completions":
             name = body["model"]
             if name != MODEL and name not in ADAPTERS:
                 return self.error(404, f"The model `{name}` does not exist.")
+            if body.get("prompt_logprobs") is not None:  # scoring: -0.5 a token (reloaded: -1.5)
+                ids = fake_tokens(body["messages"], False)
+                per_token = -1.5 if LABEL else -0.5
+                logprobs = [None] + [{str(t): {"logprob": per_token}} for t in ids[1:]]
+                return self.send(200, {"prompt_token_ids": ids, "prompt_logprobs": logprobs})
             if body.get("max_tokens", 1) < 1:
                 return self.error(400, "max_tokens must be at least 1")
             time.sleep(float(os.environ.get("FAKE_VLLM_CHAT_DELAY", "0")))
@@ -93,6 +101,17 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+
+def fake_tokens(messages: list[dict], generation_prompt: bool) -> list[int]:
+    """One token per word of every message, and one for the assistant's turn before the last
+    message (or at the end, with the generation prompt)."""
+    words = [w for m in messages[:-1] for w in m["content"].split()]
+    if generation_prompt:
+        words += messages[-1]["content"].split() + ["<assistant>"]
+    else:
+        words += ["<assistant>"] + messages[-1]["content"].split()
+    return [1000 + len(w) for w in words]
 
 
 def main(args: list[str]) -> None:
