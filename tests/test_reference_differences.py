@@ -87,6 +87,7 @@ def test_gpu_settings_reach_the_vllm_and_training_command_lines(tmp_path, monkey
             "agents._default.vllm_data_parallel_size=2",
             "agents._default.vllm_gpu_memory_utilization=0.7",
             "agents._default.vllm_max_model_len=8192",
+            "agents._default.vllm_enforce_eager=true",
             "agents._default.lora_rank=32",
             "agents._default.training_num_processes=8",
             "agents._default.training_deepspeed_config=zero2.json",
@@ -99,6 +100,7 @@ def test_gpu_settings_reach_the_vllm_and_training_command_lines(tmp_path, monkey
     assert pairs["--tensor-parallel-size"] == "4" and pairs["--data-parallel-size"] == "2"
     assert pairs["--gpu-memory-utilization"] == "0.7" and pairs["--max-model-len"] == "8192"
     assert pairs["--max-lora-rank"] == "32" and pairs["--port"] == "8000"
+    assert "--enforce-eager" in argv
     command = training_command(
         P("/jobs/j1"), server_args.train_processes, server_args.train_deepspeed_config
     )

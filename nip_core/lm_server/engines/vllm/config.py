@@ -91,6 +91,7 @@ class VllmServeConfig:
     cpu_kv_cache_bytes: int = 512 * MiB
     cpu_max_num_batched_tokens: int = 8192
     weight_reload: bool = False  # the engine swaps checkpoints in place (merged LoRA)
+    enforce_eager: bool = False  # no torch.compile: a faster start, slower tokens
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -168,6 +169,8 @@ def vllm_command(config: VllmServeConfig) -> list[str]:
         cmd += ["--data-parallel-size", str(config.data_parallel_size)]
     if config.max_model_len is not None:
         cmd += ["--max-model-len", str(config.max_model_len)]
+    if config.enforce_eager:
+        cmd += ["--enforce-eager"]
     return cmd + list(config.extra_args)
 
 
