@@ -112,3 +112,20 @@ def test_gpu_settings_reach_the_vllm_and_training_command_lines(tmp_path, monkey
     assert training_command(P("/jobs/j1"))[1:] == ["-m", "nip_core.lm_server.train_job", "/jobs/j1"]
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         VllmServeConfig(model="m", tensor_parallel_size=0)
+
+
+def test_the_server_engine_comes_from_the_config_and_the_environment_wins(monkeypatch):
+    def engine(*overrides: str) -> str:
+        hp = apply_overrides(
+            HyperParameters.construct_test_params(),
+            ["agents._default.model_provider=SelfHosted", *overrides],
+        )
+        return launch.server_engine(build_context(hp, "r", 0))
+
+    monkeypatch.delenv(launch.ENGINE_ENV, raising=False)
+    assert engine() == "transformers"
+    assert engine("agents._default.language_model_server_engine=vllm") == "vllm"
+    monkeypatch.setenv(launch.ENGINE_ENV, "dummy")
+    assert engine("agents._default.language_model_server_engine=vllm") == "dummy"
+    with pytest.raises(ValueError, match="language_model_server_engine"):
+        engine("agents._default.language_model_server_engine=tgi")

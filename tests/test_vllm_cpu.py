@@ -180,10 +180,13 @@ E2E = [
     "agents._default.vllm_enforce_eager=true",  # no torch.compile: vLLM starts in half the time
     "interaction_protocol=solo_verifier",
     "rl.rollouts_per_iteration=2",
+    # MALT's label pairs are balanced (as many "accept" as "reject"): this seed's batch of two
+    # holds one correct and one buggy solution, so there are pairs to train.
+    "seed=4",
     "pure_text_malt.num_responses_per_timestep=2",
     "agents._default.max_tokens_per_message=16",
     "agents._default.max_response_words=12",
-    # MALT's guess-replaced pairs ("Decision: <true>" over "<false>") at every decision point:
+    # MALT's guess-replaced pairs ("Decision: <true>" over "<false>") on every verifier rollout:
     # a DPO job to train whatever the sampled verdicts were.
     "text_rl.verifier_guess_replacement_proportion=1.0",
     "text_rl.switch_guard=true",

@@ -23,7 +23,7 @@ from nip_core.run.artifacts import RunPaths
 from nip_core.run.iteration_context import IterationContext
 
 log = logging.getLogger(__name__)
-ENGINE_ENV = "NIP_LM_SERVER_ENGINE"  # transformers (default) | vllm | dummy
+ENGINE_ENV = "NIP_LM_SERVER_ENGINE"  # transformers | vllm | dummy; beats the config key
 
 
 @dataclass
@@ -51,6 +51,17 @@ def self_hosted_endpoint(context: IterationContext) -> tuple[str, str, int] | No
                 params.language_model_server_port,
             )
     return None
+
+
+def server_engine(context: IterationContext) -> str:
+    """The engine to start the server with: NIP_LM_SERVER_ENGINE when set, else the first
+    self-hosted agent's `language_model_server_engine`, else transformers."""
+    if os.environ.get(ENGINE_ENV):
+        return os.environ[ENGINE_ENV]
+    for params in context.agent_params.values():
+        if provider_of(params).self_hosted and params.language_model_server_engine:
+            return params.language_model_server_engine
+    return "transformers"
 
 
 def server_options(context: IterationContext, engine: str) -> list[str]:
@@ -103,7 +114,7 @@ def ensure_lm_server(
     if host not in ("127.0.0.1", "localhost", "::1"):
         raise RuntimeError(f"the language-model server at {url} does not answer; start it there")
     state_dir = Path(paths.run_dir) / "lm_server" if paths.is_local else None
-    engine = os.environ.get(ENGINE_ENV, "transformers")
+    engine = server_engine(context)
     if timeout is None:  # the server answers once vLLM is up: minutes on a busy CPU
         timeout = 1800.0 if engine == "vllm" else 600.0
     command = [

