@@ -160,7 +160,9 @@ class InstancePool:
             if victim is not None:
                 _log.info("vLLM: stopping %s to serve %s", victim.config.name, key)
                 await victim.stop(self.stop_grace)
+            started = time.monotonic()
             await instance.launch(self.startup_timeout)
+            _log.info("vLLM: started on %s in %.1f s", key, time.monotonic() - started)
         except BaseException:
             async with self._cond:
                 if self.running.get(key) is instance:
