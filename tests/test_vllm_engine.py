@@ -462,17 +462,24 @@ def test_crash_at_start_reports_the_log_tail(engine, monkeypatch) -> None:
     run(engine, scenario)
 
 
+async def kill_the_leader_and_see_the_crash(engine, tmp_path: Path) -> int:
+    """SIGKILL the first launched vLLM leader; the engine reports the crash in its status and in
+    the next chat's error (with the log tail). Returns the leader's pid."""
+    pid = records(tmp_path, "launch")[0]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while engine.status() == "online" and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert engine.status() == "crashed (exit code -9)"
+    with pytest.raises(VllmError, match=r"(?s)crashed \(exit code -9\).*serving on"):
+        await engine.chat(chat("base-model"))
+    return pid
+
+
 def test_crash_while_serving_is_reported_with_the_log_tail(engine, tmp_path) -> None:
     async def scenario() -> None:
         await engine.start()
-        pid = records(tmp_path, "launch")[0]["pid"]
-        os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while engine.status() == "online" and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert engine.status() == "crashed (exit code -9)"
-        with pytest.raises(VllmError, match=r"(?s)crashed \(exit code -9\).*serving on"):
-            await engine.chat(chat("base-model"))
+        pid = await kill_the_leader_and_see_the_crash(engine, tmp_path)
         await engine.start()  # recovers: cleans up the dead group and launches again
         assert len(records(tmp_path, "launch")) == 2 and engine.status() == "online"
         worker = int((tmp_path / f"worker-{pid}.pid").read_text())

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import tempfile
 from pathlib import Path
+
+from nip_core.lm_server.store import replaced_directory
 
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -71,12 +71,6 @@ def embedded_model_path() -> Path:
     with FileLock(str(target) + ".lock"):
         if _is_complete(target):
             return target
-        tmp = Path(tempfile.mkdtemp(prefix=f".{_CACHE_SUBDIR}-", dir=target.parent))
-        try:
+        with replaced_directory(target) as tmp:
             _convert(gguf, tmp)
-            if target.exists():
-                shutil.rmtree(target)
-            tmp.rename(target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     return target

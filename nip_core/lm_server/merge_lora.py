@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
+
+from nip_core.lm_server.store import replaced_directory
 
 MARKER = "nip_merged.json"  # written last: what was merged, so a stale merge is recognised
 
@@ -62,17 +62,10 @@ def merge_adapter(
     merged = merged.to(getattr(torch, dtype))
     tokenizer_source = adapter if Path(adapter, "tokenizer_config.json").exists() else base
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_source))
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:
+    with replaced_directory(output) as tmp:
         merged.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / MARKER).write_text(json.dumps(merge_record(base, adapter), indent=1))
-        if output.exists():
-            shutil.rmtree(output)
-        tmp.rename(output)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return output
 
 
