@@ -5,15 +5,22 @@
         --set experiment.iterations=3 --set rl.learning_rate=1e-4
 
 The config is a normal hyper-parameter file plus an `experiment:` section (arms, iterations,
-samples per held-out datapoint; see nip_core/experiment/config.py). Under
-<artifacts-root>/<experiment>/ it writes:
-- base/: a run folder whose iteration 0 evaluates the base models (shared by every arm);
-- arms/<arm>/: one run folder per arm: N training iterations, each followed by an evaluation
-  of the models it switched to (stored as the next iteration's evaluation);
-- experiment.parquet (one row per arm, iteration, datapoint, sample), summary.parquet (per arm
-  and iteration, with 95 % bootstrap CIs and paired differences against the base model),
-  experiment.png and experiment.html.
-Everything resumes: rerunning finished work makes no model call.
+samples per held-out datapoint, seeds; see nip_core/experiment/config.py). Under
+<artifacts-root>/<experiment>/ it writes, for every seed:
+- seeds/<seed>/base/: a run folder whose iteration 0 evaluates the base models (shared by every
+  arm of the seed);
+- seeds/<seed>/arms/<arm>/: one run folder per arm: N training iterations, each followed by an
+  evaluation of the models it switched to (stored as the next iteration's evaluation), with the
+  verifier's P(accept) per episode (`eval-verdicts.parquet`);
+- seeds/<seed>/rows.parquet and timings.parquet once the seed finished (a rerun skips it);
+and for the experiment:
+- experiment.parquet (one row per seed, arm, iteration, datapoint, sample; the reference arms
+  always_accept, always_reject and one_feature_rule scored on the base model's episodes),
+  summary.parquet (per seed, and across seeds with a two-level bootstrap: 95 % CIs, AUC, paired
+  differences against the base model, accept rates outside 0.2-0.8 flagged), experiment.png
+  and experiment.html.
+Seeds run one after another against one server. Everything resumes: rerunning finished work
+makes no model call.
 """
 
 from __future__ import annotations
@@ -37,7 +44,9 @@ from nip_core.experiment.config import (
     base_hyper_params,
     experiment_overrides,
     parse_settings,
+    seed_list,
     split_config,
+    with_seed,
 )
 from nip_core.experiment.report import summary_text
 from nip_core.lm_server.launch import ensure_lm_server
@@ -51,8 +60,11 @@ from nip_core.run.tracking import open_tracker
 from tasks.experiment import (
     evaluate_iteration,
     evaluation_rows,
+    finished_seed,
     models_after,
+    record_seed,
     record_timing,
+    reference_arm_rows,
     timings_table,
 )
 from tasks.experiment import write_outputs as write_outputs_task
@@ -107,6 +119,32 @@ def run_arm(
         tracker.finish()
 
 
+def run_seed(
+    spec: Experiment, seed: int, experiment_root: str, use_wandb: bool
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The base evaluation and every arm for one seed; (experiment rows, timings)."""
+    split, iterations = spec.settings.evaluation_split, spec.settings.iterations
+    seed_root = f"{experiment_root}/seeds/{seed}"
+    base = with_seed(spec.base, seed)
+    base_paths = prepare_run(base, seed_root, BASE_RUN)
+    evaluate_iteration(base_paths, base, BASE_RUN, 0, split)
+    arm_paths = {}
+    arms_root = f"{seed_root}/arms"
+    for arm, arm_hp in spec.arms.items():
+        hp = with_seed(arm_hp, seed)
+        paths = arm_paths[arm] = RunPaths.open(arms_root, arm)
+        with lock_run_folder(paths):
+            prepare_run(hp, arms_root, arm)
+            run_arm(paths, hp, arm, spec.settings, use_wandb)
+    base_rows = evaluation_rows(base_paths, BASE_RUN, 0, split, seed)
+    frames = [base_rows, reference_arm_rows(base, base_rows, split)] + [
+        evaluation_rows(paths, arm, it, split, seed)
+        for arm, paths in arm_paths.items()
+        for it in range(1, iterations + 1)
+    ]
+    return pd.concat(frames, ignore_index=True), timings_table(arm_paths, seed)
+
+
 @flow(name="experiment", log_prints=True)
 def experiment_flow(
     overrides: list[str] | None = None,
@@ -116,39 +154,40 @@ def experiment_flow(
     use_wandb: bool = True,
     settings: RunSettings | None = None,
 ) -> list[dict]:
-    """Run (or resume) every arm; returns the summary rows."""
+    """Run (or resume) every seed and arm; returns the summary rows."""
     spec = resolve_experiment(config, all_overrides(settings, overrides))
     root = artifacts_root or default_root()
     experiment_paths = RunPaths.open(root, run_name)
     experiment_root = f"{root.rstrip('/')}/{run_name}"  # keeps an object store's URL scheme
-    split = spec.settings.evaluation_split
+    seeds = seed_list(spec.settings, spec.base.seed)
+    results: dict[int, tuple[pd.DataFrame, pd.DataFrame]] = {}
     with lock_run_folder(experiment_paths):
-        base_paths = prepare_run(spec.base, experiment_root, BASE_RUN)
-        arms_root = f"{experiment_root}/arms"
-        server = ensure_lm_server(base_paths, build_context(spec.base, BASE_RUN, 0))
+        server = None
         try:
-            evaluate_iteration(base_paths, spec.base, BASE_RUN, 0, split)
-            arm_paths = {}
-            for arm, hp in spec.arms.items():
-                paths = arm_paths[arm] = RunPaths.open(arms_root, arm)
-                with lock_run_folder(paths):
-                    prepare_run(hp, arms_root, arm)
-                    run_arm(paths, hp, arm, spec.settings, use_wandb)
+            for seed in seeds:
+                done = finished_seed(experiment_paths, seed)
+                if done is None:
+                    if server is None:
+                        paths = prepare_run(spec.base, f"{experiment_root}/seeds/{seed}", BASE_RUN)
+                        server = (
+                            ensure_lm_server(paths, build_context(spec.base, BASE_RUN, 0)) or False
+                        )
+                    done = run_seed(spec, seed, experiment_root, use_wandb)
+                    record_seed(experiment_paths, seed, *done)
+                else:
+                    print(f"seed {seed}: finished earlier, reusing its rows")
+                results[seed] = done
         finally:
-            if server is not None:
+            if server:
                 server.stop()
-        frames = [evaluation_rows(base_paths, BASE_RUN, 0, split)] + [
-            evaluation_rows(paths, arm, it, split)
-            for arm, paths in arm_paths.items()
-            for it in range(1, spec.settings.iterations + 1)
-        ]
         summary = write_outputs_task(
             experiment_paths,
-            frames,
-            timings_table(arm_paths),
+            [rows for rows, _ in results.values()],
+            pd.concat([t for _, t in results.values()], ignore_index=True),
             resamples=spec.settings.bootstrap_resamples,
             seed=spec.base.seed,
-            title=f"Experiment {run_name} ({split} split)",
+            title=f"Experiment {run_name} ({spec.settings.evaluation_split} split, seeds "
+            f"{', '.join(map(str, seeds))})",
         )
     return summary.to_dict("records")
 

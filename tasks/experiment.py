@@ -11,19 +11,26 @@ import pandas as pd
 import pyarrow as pa
 from prefect import task
 
+from nip_core.agents.message_scores import score_replies
+from nip_core.data.splits import load_split
+from nip_core.experiment.reference import fit_rule, reference_rows
 from nip_core.experiment.report import experiment_html, learning_curves_png
 from nip_core.experiment.rows import experiment_rows
-from nip_core.experiment.stats import summary_table
+from nip_core.experiment.summary import summary_table
+from nip_core.malt.dataset_export import ExportContext
 from nip_core.malt.evaluation import file_stem
+from nip_core.malt.verdict_scores import scored_chats, verdict_conversations, verdict_table
 from nip_core.parameters import HyperParameters
 from nip_core.run.artifacts import RunPaths, read_json, read_parquet, write_bytes, write_json
 from nip_core.run.artifacts import write_parquet as write_arrow
-from nip_core.run.iteration_context import build_context
+from nip_core.run.iteration_context import IterationContext, build_context
 from nip_core.run.iteration_files import NODES_FILE
+from nip_core.run.stages import run_stage
 from nip_core.run.tracking import Tracker, log_evaluation
-from tasks.evaluate import evaluate_task
+from tasks.evaluate import evaluate_task, select_items
 
 TIMINGS = "experiment_timings.json"
+SEED_FILES = ("rows.parquet", "timings.parquet")  # a finished seed's outputs
 
 
 def models_after(paths: RunPaths, iteration: int) -> dict[str, str]:
@@ -44,17 +51,56 @@ def evaluate_iteration(
     """Evaluate the models of `iteration` (the base models for 0) on `split`."""
     context = build_context(hp, name, iteration, models_after(paths, iteration))
     metrics = evaluate_task(paths, context, split)
+    score_verdicts(paths, context, split)
     if tracker is not None:
         log_evaluation(tracker, metrics, iteration)
     return metrics
 
 
-def evaluation_rows(paths: RunPaths, arm: str, iteration: int, split: str) -> pd.DataFrame:
+def score_verdicts(paths: RunPaths, context: IterationContext, split: str) -> dict:
+    """`<stem>-verdicts.parquet`: the verifier's P(accept) on each evaluated episode, scored by
+    the model it decided with (stage `verdicts-<split>`; p_accept null where the provider
+    cannot score)."""
+    it, stem = context.iteration, file_stem(split)
+
+    def compute():
+        nodes = read_parquet(paths.fs, paths.iteration_file(it, f"{stem}-nodes.parquet"))
+        items = {item.batch_index: item for item in select_items(context, split)}
+        export = ExportContext(context.protocol, context.agent_params, items, it)
+        episodes = verdict_conversations(nodes, export)
+        verifier = context.protocol.verifier_name
+        params, model = context.agent_params[verifier], context.models[verifier]
+        scores = score_replies(params, model, scored_chats(episodes))
+        name = f"{stem}-verdicts.parquet"
+        table = verdict_table(episodes, scores)
+        return {name: write_arrow(paths.fs, paths.iteration_file(it, name), table)}, {
+            "scored": scores is not None
+        }
+
+    return run_stage(paths, context, f"verdicts-{split}", compute)["info"]
+
+
+def evaluation_rows(
+    paths: RunPaths, arm: str, iteration: int, split: str, seed: int = 0
+) -> pd.DataFrame:
     """The experiment rows of one finished evaluation."""
     stem = file_stem(split)
     evaluation = read_parquet(paths.fs, paths.iteration_file(iteration, f"{stem}.parquet"))
     nodes = read_parquet(paths.fs, paths.iteration_file(iteration, f"{stem}-nodes.parquet"))
-    return experiment_rows(evaluation.to_pandas(), nodes.to_pandas(), arm=arm, iteration=iteration)
+    verdicts_path = paths.iteration_file(iteration, f"{stem}-verdicts.parquet")
+    verdicts = (
+        read_parquet(paths.fs, verdicts_path).to_pandas()
+        if paths.fs.exists(verdicts_path)
+        else None
+    )
+    return experiment_rows(
+        evaluation.to_pandas(),
+        nodes.to_pandas(),
+        arm=arm,
+        iteration=iteration,
+        seed=seed,
+        verdicts=verdicts,
+    )
 
 
 def training_model_calls(paths: RunPaths, iteration: int) -> int:
@@ -79,15 +125,51 @@ def record_timing(paths: RunPaths, iteration: int, seconds: float) -> None:
         write_json(paths.fs, f"{paths.run_dir}/{TIMINGS}", timings)
 
 
-def timings_table(arm_paths: dict[str, RunPaths]) -> pd.DataFrame:
-    """arm, iteration (after training: 1..N), train_model_calls, wall_seconds."""
+def timings_table(arm_paths: dict[str, RunPaths], seed: int = 0) -> pd.DataFrame:
+    """seed, arm, iteration (after training: 1..N), train_model_calls, wall_seconds."""
     rows = [
-        {"arm": arm, "iteration": int(it) + 1, **record}
+        {"seed": seed, "arm": arm, "iteration": int(it) + 1, **record}
         for arm, paths in arm_paths.items()
         for it, record in read_timings(paths).items()
     ]
-    columns = ["arm", "iteration", "train_model_calls", "wall_seconds"]
+    columns = ["seed", "arm", "iteration", "train_model_calls", "wall_seconds"]
     return pd.DataFrame(rows, columns=columns)
+
+
+def reference_arm_rows(hp: HyperParameters, base_rows: pd.DataFrame, split: str) -> pd.DataFrame:
+    """The reference arms on the base model's episodes; the one-feature rule is fitted on the
+    train split (true labels: `hp` is the base configuration)."""
+    train = load_split(hp, "train")
+    rule = fit_rule(train["solution"], train["y"])
+    evaluated = load_split(hp, split)
+    solutions = dict(zip(evaluated["id"].astype(int), evaluated["solution"], strict=True))
+    print(f"seed {hp.seed}: one-feature rule fitted on train: {rule.describe()} "
+          f"(train accuracy {rule.train_accuracy:.3f})")
+    return reference_rows(base_rows, solutions, rule)
+
+
+def seed_file(experiment_paths: RunPaths, seed: int, name: str) -> str:
+    return f"{experiment_paths.run_dir}/seeds/{seed}/{name}"
+
+
+def finished_seed(
+    experiment_paths: RunPaths, seed: int
+) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """(rows, timings) of a seed that finished in an earlier run, else None."""
+    fs = experiment_paths.fs
+    rows, timings = (seed_file(experiment_paths, seed, n) for n in SEED_FILES)
+    if not (fs.exists(rows) and fs.exists(timings)):
+        return None
+    return read_parquet(fs, rows).to_pandas(), read_parquet(fs, timings).to_pandas()
+
+
+def record_seed(
+    experiment_paths: RunPaths, seed: int, rows: pd.DataFrame, timings: pd.DataFrame
+) -> None:
+    """Keep a finished seed's rows and timings (timings last: their presence marks it done)."""
+    for name, frame in zip(SEED_FILES, (rows, timings), strict=True):
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+        write_arrow(experiment_paths.fs, seed_file(experiment_paths, seed, name), table)
 
 
 @task(name="experiment-outputs")

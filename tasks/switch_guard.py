@@ -31,6 +31,7 @@ from nip_core.training.switch_guard import (
     guard_verdict,
     guarded_models,
     logprob_per_token,
+    verdict_share,
 )
 from tasks import TRANSIENT_RETRY
 from tasks.evaluate import _grow_then_close, evaluation_settings, journaled_clients
@@ -43,9 +44,9 @@ Replies = dict[str, list[list[dict]]]  # agent -> each episode's chat ending wit
 
 def score_models(
     paths: RunPaths, context: IterationContext, group_models: dict[str, str], label: str
-) -> tuple[dict[str, float | None], Replies]:
+) -> tuple[dict[str, float | None], Replies, tuple[list, list]]:
     """Mean episode reward per agent when the groups use `group_models` (validation episodes),
-    and each agent's replies."""
+    each agent's replies, and the episodes' (verifier decisions, labels)."""
     hp = context.hyper_params
     scored = build_context(hp, context.run_name, context.iteration, group_models)
     points = datapoints(load_split(hp, "validation"))
@@ -66,7 +67,8 @@ def score_models(
         scored.protocol, scored.agent_params, {i.batch_index: i for i in items}, it
     )
     replies = last_replies(nodes, export, scored.agent_names)
-    return {a: m["mean_episode_reward"] for a, m in metrics["agents"].items()}, replies
+    verdicts = (table.column("decision").to_pylist(), table.column("y").to_pylist())
+    return {a: m["mean_episode_reward"] for a, m in metrics["agents"].items()}, replies, verdicts
 
 
 def reply_drift(
@@ -100,20 +102,30 @@ def group_report(
     context: IterationContext,
     group: str,
     candidate: str,
-    previous: tuple[dict[str, float | None], Replies],
+    previous: tuple[dict[str, float | None], Replies, tuple[list, list]],
 ) -> dict:
     """Score the group's candidate against the previous models; the manifest entry."""
     text_rl = context.hyper_params.text_rl
     models = dict(context.group_models) | {group: candidate}
-    trial, trial_replies = score_models(paths, context, models, group)
+    trial, trial_replies, (decisions, labels) = score_models(paths, context, models, group)
     agents = context.groups[group]
+    max_share = text_rl.switch_guard_max_verdict_share
+    share = None
+    if max_share is not None and context.protocol.verifier_name in agents:
+        share = verdict_share(decisions, labels, max_share)
     old, new = group_score(previous[0], agents), group_score(trial, agents)
     own, moved = None, None
     if text_rl.switch_guard_max_drift is not None:
         own, moved = reply_drift(context, group, previous[1], trial_replies)
     nats = drift(own, moved)
     decided, reason = guard_verdict(
-        old, new, text_rl.switch_guard_margin, nats, text_rl.switch_guard_max_drift
+        old,
+        new,
+        text_rl.switch_guard_margin,
+        nats,
+        text_rl.switch_guard_max_drift,
+        share,
+        max_share,
     )
     return {
         "previous_model": context.group_models[group],
@@ -126,6 +138,8 @@ def group_report(
         "new_logprob_per_token": moved,
         "drift": nats,
         "max_drift": text_rl.switch_guard_max_drift,
+        "verdict_share": share,
+        "max_verdict_share": max_share,
         "verdict": decided,
         "reason": reason,
     }
@@ -158,13 +172,15 @@ def guard_switch(
     for group, entry in report.items():
         log.warning(
             "switch guard, group %s: previous model %.3f, new model %.3f (margin %s), "
-            "drift %s nats/token (max %s): %s%s",
+            "drift %s nats/token (max %s), one verdict's share %s (max %s): %s%s",
             group,
             entry["previous_score"],
             entry["new_score"],
             entry["margin"],
             "n/a" if entry.get("drift") is None else f"{entry['drift']:.2f}",
             entry.get("max_drift"),
+            "n/a" if entry.get("verdict_share") is None else f"{entry['verdict_share']:.2f}",
+            entry.get("max_verdict_share"),
             entry["verdict"],
             f" ({entry['reason']})" if entry.get("reason") else "",
         )

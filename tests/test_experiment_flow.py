@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from flows.experiment import main as experiment_main
+from nip_core.experiment.reference import REFERENCE_ARMS
 from nip_core.experiment.stats import EXPERIMENT_COLUMNS, SUMMARY_COLUMNS
 
 CONFIG = {
@@ -52,27 +53,32 @@ def test_two_arms_two_iterations_write_the_documented_files(prefect_harness, tmp
     folder = tmp_path / "exp"
     for name in ("experiment.parquet", "summary.parquet", "experiment.html", "experiment.png"):
         assert (folder / name).stat().st_size > 0, name
-    assert (folder / "arms" / "malt" / "iterations" / "0001" / "eval.parquet").exists()
-    assert (folder / "base" / "iterations" / "0000" / "eval.parquet").exists()
+    seed = folder / "seeds" / "11"
+    assert (seed / "arms" / "malt" / "iterations" / "0001" / "eval.parquet").exists()
+    assert (seed / "base" / "iterations" / "0000" / "eval.parquet").exists()
+    assert (seed / "rows.parquet").exists() and (seed / "timings.parquet").exists()
     experiment = pd.read_parquet(folder / "experiment.parquet")
     summary = pd.read_parquet(folder / "summary.parquet")
     assert list(experiment.columns) == list(EXPERIMENT_COLUMNS)
     assert list(summary.columns[: len(SUMMARY_COLUMNS)]) == list(SUMMARY_COLUMNS)
-    # 10 test datapoints x 2 samples per (arm, iteration): base + 2 arms x 2 iterations
-    assert len(experiment) == 20 * 5
-    assert set(experiment["sample"]) == {0, 1}
-    assert summary[["arm", "iteration"]].values.tolist() == [
-        [arm, it] for arm in ("malt", "malt_all_pairs") for it in (0, 1, 2)
-    ]
-    for row in summary.itertuples():
-        arm = "base" if row.iteration == 0 else row.arm
+    # 10 test datapoints x 2 samples per (arm, iteration): base, 3 reference arms, 2 arms x 2
+    assert len(experiment) == 20 * 8
+    assert set(experiment["sample"]) == {0, 1} and set(experiment["seed"]) == {11}
+    references = [[arm, 0] for arm in REFERENCE_ARMS]
+    trained = [[arm, it] for arm in ("malt", "malt_all_pairs") for it in (0, 1, 2)]
+    assert summary[["arm", "iteration"]].values.tolist() == (references + trained) * 2
+    assert summary["scope"].tolist() == ["seed"] * 9 + ["across_seeds"] * 9
+    for row in summary[summary.scope == "seed"].itertuples():
+        arm = "base" if row.iteration == 0 and row.arm not in REFERENCE_ARMS else row.arm
         rows = experiment[(experiment.arm == arm) & (experiment.iteration == row.iteration)]
         assert row.accuracy == pytest.approx(rows["correct"].mean())
         assert row.decision_rate == pytest.approx(rows["decided"].mean())
     trained = summary[summary.iteration > 0]
     assert (trained.train_model_calls == 6 * 2).all()  # datapoints x K, one turn each
     assert (trained.wall_seconds >= 0).all()
-    assert "malt_all_pairs" in out and "acc - base" in out
+    always = summary[summary.arm == "always_accept"].iloc[0]
+    assert (always.accept_rate, always.auc, always.accept_rate_flagged) == (1.0, 0.5, True)
+    assert "malt_all_pairs" in out and "acc|dec - base" in out
 
     before = digests(folder)
     assert experiment_main([*args, "--run-name", "exp", "--no-wandb"]) == 0
@@ -125,7 +131,8 @@ def test_sigkill_mid_arm_then_rerun_matches_an_uninterrupted_experiment(prefect_
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    marker = killed / "exp" / "arms" / "malt" / "iterations" / "0000" / "nodes.parquet"
+    marker = killed / "exp" / "seeds" / "11" / "arms" / "malt" / "iterations" / "0000"
+    marker = marker / "nodes.parquet"
     deadline = time.monotonic() + 120
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -137,5 +144,49 @@ def test_sigkill_mid_arm_then_rerun_matches_an_uninterrupted_experiment(prefect_
     columns = list(EXPERIMENT_COLUMNS)
     expected = pd.read_parquet(whole / "exp" / "experiment.parquet")[columns]
     assert pd.read_parquet(killed / "exp" / "experiment.parquet")[columns].equals(expected)
-    for relative in ("arms/malt/iterations/0001/eval.parquet", "base/iterations/0000/eval.parquet"):
+    for relative in (
+        "seeds/11/arms/malt/iterations/0001/eval.parquet",
+        "seeds/11/base/iterations/0000/eval.parquet",
+    ):
         assert (killed / "exp" / relative).read_bytes() == (whole / "exp" / relative).read_bytes()
+
+
+def test_seeds_run_every_arm_and_a_rerun_skips_finished_seeds(prefect_harness, tmp_path):
+    config = dict(
+        CONFIG,
+        text_rl={"verifier_guess_replacement_proportion": 1.0},
+        experiment=dict(CONFIG["experiment"], iterations=1, arms={"shuffled_labels": {}}),
+    )
+    args = ["--config", write_config(tmp_path, config), "--artifacts-root", str(tmp_path)]
+    args += ["--run-name", "seeds", "--no-wandb", "--set", "experiment.seeds=[11, 5]"]
+    assert experiment_main(args) == 0
+    folder = tmp_path / "seeds"
+    experiment = pd.read_parquet(folder / "experiment.parquet")
+    summary = pd.read_parquet(folder / "summary.parquet")
+    assert sorted(experiment["seed"].unique()) == [5, 11]
+    per_seed = summary[summary.scope == "seed"]
+    assert sorted(per_seed["seed"].unique()) == [5, 11]
+    across = summary[(summary.scope == "across_seeds") & (summary.arm == "shuffled_labels")]
+    assert across["seeds"].tolist() == [2, 2] and across["seed"].isna().all()
+    # the control arm trained on permuted labels: its DPO label pairs disagree with the truth
+    export = folder / "seeds" / "5" / "arms" / "shuffled_labels" / "iterations" / "0000"
+    pairs = pd.read_parquet(export / "datasets" / "dpo" / "verifier.parquet")
+    pairs = pairs[pairs["guess_replaced"]]
+    truth = load_split_labels(5)
+    chosen_accept = pairs["chosen"].map(lambda m: m[0]["content"].endswith("accept"))
+    agree = (chosen_accept.astype(int) == pairs["datapoint_id"].map(truth)).mean()
+    assert agree < 0.9
+
+    before = digests(folder)
+    assert experiment_main(args) == 0
+    assert digests(folder) == before  # both seeds reused whole
+
+
+def load_split_labels(seed: int) -> dict[int, int]:
+    from nip_core.data.splits import load_split
+    from nip_core.experiment.config import split_config
+    from nip_core.parameters import HyperParameters
+
+    data, _ = split_config(dict(CONFIG, seed=seed))
+    frame = load_split(HyperParameters.from_dict(data), "train")
+    return dict(zip(frame["id"].astype(int), frame["y"].astype(int), strict=True))

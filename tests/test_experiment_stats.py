@@ -13,8 +13,8 @@ from nip_core.experiment.stats import (
     per_datapoint,
     percentile_ci,
     resample_indices,
-    summary_table,
 )
+from nip_core.experiment.summary import summary_table, two_level
 
 
 def episodes(arm: str, iteration: int, rows: list[tuple[int, int | None, int]]) -> pd.DataFrame:
@@ -87,6 +87,7 @@ def test_resample_indices_are_seeded_and_checked():
 def test_summary_accuracy_is_the_mean_of_correct_and_iteration_0_is_the_base():
     experiment = pd.concat([BASE, TRAINED, episodes("ei", 1, [(1, 0, 1), (2, 0, 0)])])
     summary = summary_table(experiment, resamples=200, seed=1)
+    summary = summary[summary.scope == "seed"]
     assert summary[["arm", "iteration"]].values.tolist() == [
         ["malt", 0],
         ["malt", 1],
@@ -105,3 +106,65 @@ def test_summary_refuses_datapoints_the_base_did_not_see():
     stray = episodes("malt", 1, [(9, 1, 1)])
     with pytest.raises(ValueError, match="datapoints the base lacks"):
         summary_table(pd.concat([BASE, stray]), resamples=10)
+
+
+def test_two_level_bootstrap_by_hand():
+    """Two seeds, two datapoints, hand-drawn resamples: each resample averages, over its drawn
+    seeds, the statistic on that seed's drawn datapoints."""
+    seed_a = per_datapoint(BASE, DATAPOINTS)  # accuracy per datapoint: 1/2, 1/2
+    seed_b = per_datapoint(TRAINED, DATAPOINTS)  # 2/2, 1/2
+    accuracy = METRICS["accuracy"]
+    per_seed = [lambda c, s=s: accuracy(c @ s) for s in (seed_a, seed_b)]
+    seed_draws = np.array([[0, 1], [1, 1], [0, 0]])
+    datapoint_draws = np.array(
+        [
+            [[0, 0], [0, 1]],  # seed a on {1, 1}: 2/4; seed b on {1, 2}: 3/4 -> 5/8
+            [[0, 0], [1, 1]],  # seed b on {1, 1}: 1;   seed b on {2, 2}: 1/2 -> 3/4
+            [[1, 1], [0, 1]],  # seed a on {2, 2}: 1/2; seed a on {1, 2}: 1/2 -> 1/2
+        ]
+    )
+    point, low, high = two_level(per_seed, seed_draws, datapoint_draws)
+    assert point == pytest.approx((2 / 4 + 3 / 4) / 2)
+    assert (low, high) == pytest.approx(tuple(np.percentile([5 / 8, 3 / 4, 1 / 2], [2.5, 97.5])))
+
+
+def with_probabilities(frame: pd.DataFrame, p: list[float], seed: int) -> pd.DataFrame:
+    return frame.assign(p_accept=p, seed=seed)
+
+
+def test_auc_by_hand():
+    from nip_core.experiment.auc import WeightedAuc, auc
+
+    # positives 0.9, 0.4; negatives 0.4, 0.1: pairs (0.9>0.4) 1, (0.9>0.1) 1, tie 0.5, (0.4>0.1) 1
+    assert auc(np.array([0.9, 0.4, 0.4, 0.1]), np.array([1, 1, 0, 0])) == pytest.approx(3.5 / 4)
+    assert auc(np.array([0.2, 0.8]), np.array([1, 0])) == 0.0
+    assert np.isnan(auc(np.array([0.2, 0.8]), np.array([1, 1])))
+    assert auc(np.array([0.5, np.nan, 0.4]), np.array([1, 0, 0])) == 1.0  # unscored left out
+    frame = pd.DataFrame(
+        {"datapoint_id": [1, 1, 2, 3], "y": [1, 1, 0, 0], "p_accept": [0.9, 0.3, 0.5, 0.1]}
+    )
+    weighted = WeightedAuc(frame, np.array([1, 2, 3]))
+    # all once: pairs 0.9>0.5, 0.9>0.1, 0.3<0.5, 0.3>0.1 -> 3/4; datapoint 3 twice, 2 dropped:
+    # (0.9>0.1) x2 + (0.3>0.1) x2 over 2 x 2 -> 1; no negative drawn -> NaN
+    values = weighted(np.array([[1.0, 1, 1], [1, 0, 2], [1, 0, 0]]))
+    assert values[:2] == pytest.approx([3 / 4, 1.0]) and np.isnan(values[2])
+
+
+def test_summary_across_seeds_and_reference_flags():
+    a = with_probabilities(BASE, [0.9, 0.8, 0.2, 0.1], 1)
+    b = with_probabilities(BASE, [0.6, 0.6, 0.6, 0.6], 2)
+    trained_a = with_probabilities(TRAINED, [0.9, 0.9, 0.1, 0.2], 1)
+    trained_b = with_probabilities(TRAINED, [0.7, 0.7, 0.7, 0.7], 2)
+    summary = summary_table(pd.concat([a, b, trained_a, trained_b]), resamples=300, seed=4)
+    rows = {
+        (r.scope, r.seed if r.scope == "seed" else None, r.iteration): r
+        for r in summary.itertuples()
+    }
+    assert rows[("seed", 1, 0)].auc == 1.0 and rows[("seed", 2, 0)].auc == 0.5
+    across = rows[("across_seeds", None, 1)]
+    assert across.seeds == 2 and across.auc == pytest.approx((1.0 + 0.5) / 2)
+    assert across.accuracy == pytest.approx(TRAINED["correct"].mean())  # same episodes per seed
+    assert across.auc_ci_low <= across.auc <= across.auc_ci_high
+    assert pd.isna(across.seed) and rows[("seed", 2, 1)].seed == 2
+    # TRAINED accepts 2 of 3 decided verdicts: inside 0.2-0.8, not flagged
+    assert not rows[("seed", 1, 1)].accept_rate_flagged

@@ -19,6 +19,7 @@ from nip_core.training.switch_guard import (
     guarded_models,
     logprob_per_token,
     verdict,
+    verdict_share,
 )
 
 BASE = [
@@ -52,7 +53,7 @@ def test_verdict_and_models_by_hand():
 def fake_scores(previous: float, new: float, calls: list[str]):
     def score(paths, context, group_models, label):
         calls.append(label)
-        return {"verifier": previous if label == "previous" else new}, {}
+        return {"verifier": previous if label == "previous" else new}, {}, ([], [])
 
     return score
 
@@ -108,7 +109,8 @@ def test_guard_keeps_the_previous_model_when_its_replies_drift(
 
     def score(paths, context, group_models, label):
         text = "Decision: accept" if label == "previous" else "salad salad salad"
-        return {"verifier": 0.0 if label == "previous" else 0.5}, {"verifier": [reply(text)] * 3}
+        replies = {"verifier": [reply(text)] * 3}
+        return {"verifier": 0.0 if label == "previous" else 0.5}, replies, ([], [])
 
     def score_replies(params, model, conversations):
         assert model == "SmolLM2-135M-Instruct"  # always under the previous model
@@ -140,3 +142,51 @@ def test_guard_verdict_reasons_by_hand():
     assert logprob_per_token([(-3.0, 2), (-1.0, 2)]) == -1.0
     assert logprob_per_token([]) is None and drift(None, -1.0) is None
     assert drift(-1.5, -4.0) == 2.5
+
+
+def test_verdict_share_by_hand():
+    labels = [1, 0, 1, 0, 1, 0]
+    assert verdict_share([1, 1, 1, 1, None, 1], labels, 0.9) == 1.0
+    assert verdict_share([1, 0, 1, 1, None, None], labels, 0.9) == 0.75
+    assert verdict_share([None] * 6, labels, 0.9) is None  # nothing decided
+    assert verdict_share([1] * 10, [1] * 9 + [0], 0.9) is None  # labels 90 % one: uninformative
+    assert guard_verdict(0.5, 0.9, 0.05, share=0.95, max_share=0.9) == (
+        KEPT_PREVIOUS,
+        "constant_verdict",
+    )
+    assert guard_verdict(0.5, 0.9, 0.05, share=0.85, max_share=0.9) == (SWITCHED, None)
+    assert guard_verdict(0.5, 0.9, 0.05, share=1.0, max_share=None) == (SWITCHED, None)
+
+
+def test_guard_keeps_the_previous_model_when_the_new_one_always_accepts(
+    prefect_harness, tmp_path, monkeypatch
+):
+    """A fine-tuned dummy that accepts every episode wins on reward against a base that often
+    does not decide, and is still kept out, with the reason in the manifest."""
+    from nip_core.agents.dummy_client import DummyChatClient
+
+    plain = DummyChatClient.complete
+
+    async def complete(self, messages, model, n, sampling):
+        if model.startswith("dummy-ft") and "Decision: accept" in messages[0]["content"]:
+            return ["Decision: accept"] * n
+        return await plain(self, messages, model, n, sampling)
+
+    monkeypatch.setattr(DummyChatClient, "complete", complete)
+    for share, expected, reason in [(0.9, KEPT_PREVIOUS, "constant_verdict"), (None, None, None)]:
+        run = f"const{share}"
+        overrides = [
+            *GUARDED,
+            "text_rl.switch_guard_max_drift=null",
+            "text_rl.switch_guard_margin=1.0",  # the reward check never objects
+            f"text_rl.switch_guard_max_verdict_share={'null' if share is None else share}",
+        ]
+        stats = malt_iteration(overrides=overrides, run_name=run, artifacts_root=str(tmp_path))
+        entry = manifest(tmp_path, run)["stages"]["switch_guard"]["info"]["verifier"]
+        if share is None:
+            assert entry["verdict_share"] is None and entry["verdict"] == SWITCHED
+            assert stats["models_after"]["verifier"] == entry["new_model"]
+            continue
+        assert entry["verdict_share"] == 1.0 and entry["max_verdict_share"] == share
+        assert (entry["verdict"], entry["reason"]) == (expected, reason)
+        assert stats["models_after"]["verifier"] == entry["previous_model"]

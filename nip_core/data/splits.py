@@ -8,10 +8,11 @@ sweeps, the switch guard) measure on them, keeping the test split for the final 
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from nip_core.data import load_for_parameters
-from nip_core.data.stable import stable_fraction
+from nip_core.data.stable import stable_fraction, stable_seed
 
 SPLITS: tuple[str, ...] = ("test", "train", "validation")
 
@@ -50,4 +51,14 @@ def load_split(hp, split: str) -> pd.DataFrame:
             "one from the train split"
         )
     mask = validation_mask(frame, fraction, hp.seed)
-    return frame[mask if split == "validation" else ~mask].reset_index(drop=True)
+    frame = frame[mask if split == "validation" else ~mask].reset_index(drop=True)
+    if split == "train" and hp.text_rl.shuffle_training_labels:
+        frame = shuffled_labels(frame, hp.seed)
+    return frame
+
+
+def shuffled_labels(frame: pd.DataFrame, seed: int) -> pd.DataFrame:
+    """The rows with their labels `y` permuted (seeded): the shuffled-label control arm trains
+    on these, so any skill it shows beyond chance leaked from somewhere other than the labels."""
+    order = np.random.default_rng(stable_seed("shuffle-labels", seed)).permutation(len(frame))
+    return frame.assign(y=frame["y"].to_numpy()[order])

@@ -5,10 +5,17 @@
       samples_per_test_datapoint: 4   # seeded evaluation episodes per held-out datapoint
       evaluation_split: test          # or "validation" (carved from train) while tuning
       bootstrap_resamples: 2000
-      arms:                           # name -> dotted overrides; malt and ei are built in
-        malt: {}
+      seeds: 5                        # or a list [6198, 11]; a count counts up from `seed`
+      arms:                           # name -> dotted overrides; malt, ei and shuffled_labels
+        malt: {}                      #   are built in
         ei: {}
+        shuffled_labels: {}
         malt_all_pairs: {pure_text_malt.pairs_per_parent: all}
+
+Every seed re-runs everything (the base evaluation and every arm) with the run seed changed,
+which changes the training batch, the rollout sampling and the fine-tune's data order;
+`shuffled_labels` is MALT trained on the train split with its labels permuted, the control that
+must land at chance.
 
 Every arm is the shared configuration plus its overrides, so arms share the seed, the data
 split and the generation budget (datapoints x K per iteration) unless an arm overrides them.
@@ -36,6 +43,7 @@ class ExperimentSettings:
     samples_per_test_datapoint: int = 4
     evaluation_split: str = "test"
     bootstrap_resamples: int = 2000
+    seeds: int | list[int] | None = None  # None: the config's own seed only
     arms: Mapping[str, Mapping[str, object]] = field(default_factory=lambda: {"malt": {}, "ei": {}})
 
 
@@ -43,6 +51,12 @@ def builtin_overrides(arm: str, iterations: int, hp: HyperParameters) -> dict[st
     """What the arm names `malt` and `ei` mean (applied before the config's own overrides)."""
     if arm == "malt":
         return {"trainer": "pure_text_malt", "pure_text_malt.num_initial_ei_iterations": 0}
+    if arm == "shuffled_labels":
+        return {
+            "trainer": "pure_text_malt",
+            "pure_text_malt.num_initial_ei_iterations": 0,
+            "text_rl.shuffle_training_labels": True,
+        }
     if arm == "ei":
         return {
             "trainer": "pure_text_malt",
@@ -77,6 +91,7 @@ def parse_settings(section: object) -> ExperimentSettings:
         value = getattr(settings, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"experiment.{name} must be a positive integer, got {value!r}")
+    check_seeds(settings.seeds)
     if settings.evaluation_split not in SPLITS:
         raise ValueError(
             f"experiment.evaluation_split must be one of {SPLITS}, got "
@@ -94,6 +109,40 @@ def parse_settings(section: object) -> ExperimentSettings:
         if overrides is not None and not isinstance(overrides, Mapping):
             raise ValueError(f"experiment.arms.{name} must be a mapping of dotted key -> value")
     return settings
+
+
+def check_seeds(seeds: object) -> None:
+    """`experiment.seeds`: null, a positive count, or a list of distinct integer seeds."""
+    if seeds is None:
+        return
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        if seeds < 1:
+            raise ValueError(f"experiment.seeds must be a positive count or a list, got {seeds}")
+        return
+    if (
+        not isinstance(seeds, list)
+        or not seeds
+        or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds)
+        or len(set(seeds)) != len(seeds)
+    ):
+        raise ValueError(
+            f"experiment.seeds must be a positive count or a list of distinct non-negative "
+            f"integers, got {seeds!r}"
+        )
+
+
+def seed_list(settings: ExperimentSettings, config_seed: int) -> list[int]:
+    """The seeds to run: the config's seed, a count of seeds from it upwards, or the list."""
+    if settings.seeds is None:
+        return [config_seed]
+    if isinstance(settings.seeds, int):
+        return [config_seed + i for i in range(settings.seeds)]
+    return list(settings.seeds)
+
+
+def with_seed(hp: HyperParameters, seed: int) -> HyperParameters:
+    """The configuration with its run seed replaced."""
+    return apply_overrides(hp, [f"seed={seed}"])
 
 
 def _as_override_strings(values: Mapping[str, object]) -> list[str]:

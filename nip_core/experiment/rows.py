@@ -36,18 +36,30 @@ def episode_costs(nodes: pd.DataFrame) -> pd.DataFrame:
 
 
 def experiment_rows(
-    evaluation: pd.DataFrame, nodes: pd.DataFrame, *, arm: str, iteration: int
+    evaluation: pd.DataFrame,
+    nodes: pd.DataFrame,
+    *,
+    arm: str,
+    iteration: int,
+    seed: int = 0,
+    verdicts: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """One row per evaluation episode with the experiment's columns.
 
     Episodes are numbered per datapoint in batch order (`sample` 0, 1, ...): the evaluation
-    repeats the split `samples_per_test_datapoint` times with fresh episode seeds.
+    repeats the split `samples_per_test_datapoint` times with fresh episode seeds. `verdicts`
+    (leaf_node_id, p_accept) gives the verifier's probability of accepting, NaN where absent.
     """
     costs = episode_costs(nodes)
     frame = evaluation.sort_values("batch_index").reset_index(drop=True)
     decision = frame["decision"].astype("Int64")
+    p_accept = pd.Series(float("nan"), index=frame.index)
+    if verdicts is not None and not verdicts.empty:
+        by_leaf = verdicts.set_index("leaf_node_id")["p_accept"].astype(float)
+        p_accept = frame["leaf_node_id"].map(by_leaf).astype(float)
     out = pd.DataFrame(
         {
+            "seed": seed,
             "arm": arm,
             "iteration": iteration,
             "datapoint_id": frame["datapoint_id"].astype("int64"),
@@ -58,6 +70,7 @@ def experiment_rows(
             "decided": decision.notna().to_numpy(),
             "model_calls": costs.loc[frame["leaf_node_id"], "model_calls"].to_numpy(),
             "tokens": costs.loc[frame["leaf_node_id"], "tokens"].to_numpy(),
+            "p_accept": p_accept.to_numpy(),
         }
     )
     return out[list(EXPERIMENT_COLUMNS)]

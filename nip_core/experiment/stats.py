@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 EXPERIMENT_COLUMNS = (
+    "seed",
     "arm",
     "iteration",
     "datapoint_id",
@@ -25,8 +26,11 @@ EXPERIMENT_COLUMNS = (
     "decided",
     "model_calls",
     "tokens",
+    "p_accept",
 )
 SUMMARY_COLUMNS = (
+    "scope",
+    "seed",
     "arm",
     "iteration",
     "accuracy",
@@ -34,6 +38,11 @@ SUMMARY_COLUMNS = (
     "accuracy_ci_high",
     "decision_rate",
     "accuracy_when_decided",
+    "accept_rate",
+    "auc",
+    "auc_ci_low",
+    "auc_ci_high",
+    "accept_rate_flagged",
     "diff_vs_base",
     "diff_ci_low",
     "diff_ci_high",
@@ -41,6 +50,8 @@ SUMMARY_COLUMNS = (
     "wall_seconds",
 )
 ALPHA = 0.05
+# An accept rate outside this band is flagged: a verifier near one constant verdict.
+ACCEPT_RATE_BAND = (0.2, 0.8)
 
 # A statistic of one resample: per-datapoint sums (rows = datapoints) -> value (NaN if undefined).
 Statistic = Callable[[np.ndarray], np.ndarray]
@@ -122,74 +133,3 @@ def paired_difference(
     point = float(statistic(sums.sum(axis=0)) - statistic(base_sums.sum(axis=0)))
     resampled = statistic(sums[indices].sum(axis=1)) - statistic(base_sums[indices].sum(axis=1))
     return (point, *percentile_ci(resampled))
-
-
-def summary_row(
-    frame: pd.DataFrame,
-    base: pd.DataFrame,
-    datapoints: np.ndarray,
-    indices: np.ndarray,
-) -> dict:
-    """Every metric with its CI, the paired differences against the base, and decided accuracy
-    against chance (0.5: the splits are balanced)."""
-    sums, base_sums = per_datapoint(frame, datapoints), per_datapoint(base, datapoints)
-    row: dict = {}
-    for name, statistic in METRICS.items():
-        point, low, high = bootstrap(sums, statistic, indices)
-        row[name], row[f"{name}_ci_low"], row[f"{name}_ci_high"] = point, low, high
-    row["diff_vs_base"], row["diff_ci_low"], row["diff_ci_high"] = paired_difference(
-        sums, base_sums, METRICS["accuracy"], indices
-    )
-    decided = paired_difference(sums, base_sums, METRICS["accuracy_when_decided"], indices)
-    row["decided_diff_vs_base"], row["decided_diff_ci_low"], row["decided_diff_ci_high"] = decided
-    row["decided_vs_chance"] = row["accuracy_when_decided"] - 0.5
-    row["episodes"] = len(frame)
-    return row
-
-
-def summary_table(
-    experiment: pd.DataFrame,
-    *,
-    resamples: int = 2000,
-    seed: int = 0,
-    base_arm: str = "base",
-    timings: pd.DataFrame | None = None,
-) -> pd.DataFrame:
-    """One row per (arm, iteration) of `experiment` (columns `EXPERIMENT_COLUMNS`).
-
-    The base model's rows (`arm == base_arm`, iteration 0) are shown as iteration 0 of every
-    other arm too, so each learning curve starts from the same point. `timings` (columns arm,
-    iteration, train_model_calls, wall_seconds) is merged in when given.
-    """
-    missing = set(EXPERIMENT_COLUMNS) - set(experiment.columns)
-    if missing:
-        raise ValueError(f"experiment table lacks columns {sorted(missing)}")
-    base = experiment[(experiment["arm"] == base_arm) & (experiment["iteration"] == 0)]
-    if base.empty:
-        raise ValueError(f"no rows of the base model (arm {base_arm!r}, iteration 0)")
-    datapoints = np.sort(base["datapoint_id"].unique())
-    indices = resample_indices(len(datapoints), resamples, seed)
-    arms = [a for a in dict.fromkeys(experiment["arm"]) if a != base_arm]
-    rows = []
-    for arm in arms:
-        own = experiment[experiment["arm"] == arm]
-        curve = [(0, base)] + [
-            (int(it), group) for it, group in own.groupby("iteration", sort=True) if it != 0
-        ]
-        for iteration, frame in curve:
-            stray = set(frame["datapoint_id"]) - set(datapoints)
-            if stray:
-                raise ValueError(
-                    f"arm {arm} iteration {iteration} has datapoints the base lacks: "
-                    f"{sorted(stray)[:5]}"
-                )
-            rows.append(
-                {"arm": arm, "iteration": iteration} | summary_row(frame, base, datapoints, indices)
-            )
-    table = pd.DataFrame(rows)
-    if timings is not None and not table.empty:
-        table = table.merge(timings, on=["arm", "iteration"], how="left")
-    for column in ("train_model_calls", "wall_seconds"):
-        if column not in table:
-            table[column] = np.nan
-    return table[list(SUMMARY_COLUMNS) + [c for c in table.columns if c not in SUMMARY_COLUMNS]]

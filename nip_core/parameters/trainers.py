@@ -37,8 +37,12 @@ class TextRlParameters(BaseParameters):
     on `switch_guard_episodes` validation episodes is not lower by more than
     `switch_guard_margin` (nip has no guard), and its replies on those episodes are not less
     likely, under the previous model, than the previous model's own by more than
-    `switch_guard_max_drift` nats per token (None: no such check; self-hosted models only).
-    All of these are ours, not nip's.
+    `switch_guard_max_drift` nats per token (None: no such check; self-hosted models only),
+    and its decided verdicts on those episodes are not `switch_guard_max_verdict_share` or more
+    one answer while the episodes' labels are mixed (None: no such check): a verifier that
+    answers one verdict every time must not be switched in. `shuffle_training_labels` permutes
+    the labels of the train split (never validation or test) before anything trains: the
+    control arm that must land at chance. All of these are ours, not nip's.
     """
 
     fine_tune_on_all_previous_rollouts: bool = False
@@ -54,6 +58,8 @@ class TextRlParameters(BaseParameters):
     switch_guard_episodes: int = 32
     switch_guard_margin: float = 0.05
     switch_guard_max_drift: float | None = 2.0
+    switch_guard_max_verdict_share: float | None = 0.9
+    shuffle_training_labels: bool = False
 
 
 @register_parameter_class

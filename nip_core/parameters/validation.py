@@ -167,6 +167,11 @@ def _text_rl_rules(p: Any) -> None:
         "(e.g. 0.2) or text_rl.switch_guard=false",
     )
     _require(p.switch_guard_margin >= 0, f"{name}.switch_guard_margin: must be >= 0")
+    share = p.switch_guard_max_verdict_share
+    _require(
+        share is None or 0.5 < share <= 1.0,
+        f"{name}.switch_guard_max_verdict_share: must be in (0.5, 1] or null, got {share}",
+    )
     drift = p.switch_guard_max_drift
     _require(drift is None or drift > 0, f"{name}.switch_guard_max_drift: must be > 0 or null")
 

@@ -205,7 +205,8 @@ def tree_section(
 
 GUARD_COLUMNS = [
     "previous_score", "new_score", "margin", "previous_logprob_per_token",
-    "new_logprob_per_token", "drift", "max_drift", "verdict", "reason",
+    "new_logprob_per_token", "drift", "max_drift", "verdict_share", "max_verdict_share",
+    "verdict", "reason",
 ]  # fmt: skip
 
 
@@ -243,7 +244,9 @@ def report_html(
         models_html += (
             '<h3>Switch guard</h3><p class="muted">Validation reward of the previous and the '
             "new model, and how far the new model's replies drifted (nats per token, under the "
-            "previous model); <code>kept_previous</code> means the new model was not used.</p>"
+            "previous model), and the share of the new verifier's decided verdicts that were "
+            "one answer (<code>constant_verdict</code>: at or above the maximum on mixed labels); "
+            "<code>kept_previous</code> means the new model was not used.</p>"
             + html_table(guard_table(guards))
         )
     trees_title = "Response trees" + (

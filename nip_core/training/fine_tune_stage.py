@@ -18,6 +18,7 @@ from nip_core.agents.clients import close_clients
 from nip_core.malt.dataset_export import training_datasets
 from nip_core.run.artifacts import RunPaths, load_manifest, read_bytes, read_json, write_json
 from nip_core.run.iteration_context import IterationContext
+from nip_core.seeding import stable_int
 from nip_core.training.fine_tune_jobs import (
     FineTuneJobError,
     fine_tuning_client,
@@ -39,6 +40,7 @@ def groups_for(context: IterationContext) -> dict[str, SharedModelGroup]:
         rl_num_epochs=hp.rl.num_epochs,
         rl_learning_rate=hp.rl.learning_rate,
         clients=clients,
+        training_seed=stable_int("fine-tune", hp.seed, context.iteration) % 2**31,
     )
     for name, group in groups.items():
         if context.group_models.get(name) != group.base_model_name:

@@ -52,6 +52,7 @@ class SharedModelGroup(NipMethodNames):
         rl_num_epochs: int,
         rl_learning_rate: float,
         client: Any = None,
+        training_seed: int | None = None,
     ) -> None:
         self.name = name
         self.agent_params = dict(agent_params)
@@ -61,6 +62,7 @@ class SharedModelGroup(NipMethodNames):
         self.rl_num_epochs = rl_num_epochs
         self.rl_learning_rate = rl_learning_rate
         self.client = client
+        self.training_seed = training_seed  # the fine-tune's data order and adapter init
         self.state = GroupState()
 
     # ------------------------------------------------------------------ properties
@@ -218,6 +220,8 @@ class SharedModelGroup(NipMethodNames):
             "method": {"type": method, method: {"hyperparameters": self._hyperparameters(method)}},
             "suffix": suffix,
         }
+        if self.training_seed is not None:
+            request["seed"] = self.training_seed
         if provider_of(self.params).sends_lora_options:
             request["extra_body"] = {"nip_training": self._training_extension()}
         return request
@@ -349,6 +353,7 @@ def build_groups(
     rl_num_epochs: int,
     rl_learning_rate: float,
     clients: Mapping[str, Any],
+    training_seed: int | None = None,
 ) -> dict[str, SharedModelGroup]:
     """One SharedModelGroup per group name; `clients` maps group -> openai.AsyncOpenAI."""
     return {
@@ -358,6 +363,7 @@ def build_groups(
             rl_num_epochs=rl_num_epochs,
             rl_learning_rate=rl_learning_rate,
             client=clients.get(name),
+            training_seed=training_seed,
         )
         for name, agents in groups.items()
     }

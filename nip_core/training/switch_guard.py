@@ -10,7 +10,10 @@ A reward can miss a wreck: a prover's reward is the verifier's verdict, and a ve
 accepts word salad rewards it. So the guard also asks the previous model how likely it finds
 each model's replies on those episodes (nats per token): the new model's replies falling more
 than `max_drift` below the previous model's own marks the new model as degenerate, whatever
-its reward. The reference library has no such guard. Pure.
+its reward. And a verifier that answers one verdict on (nearly) every episode scores 0.5 on a
+label-balanced split, which beats a base model that rarely decides: the guard keeps the
+previous model when the new verifier's decided verdicts are `max_share` or more one answer
+while the episodes' labels are mixed. The reference library has no such guard. Pure.
 """
 
 from __future__ import annotations
@@ -48,19 +51,39 @@ def drift(previous_own: float | None, new_under_previous: float | None) -> float
     return previous_own - new_under_previous
 
 
+def verdict_share(
+    decisions: Sequence[int | None], labels: Sequence[int], max_share: float
+) -> float | None:
+    """Share of the most common decided verdict, when it can tell a constant verdict: the
+    episodes' labels are mixed (the majority label below `max_share`) and some were decided;
+    None otherwise."""
+    if not labels or max(labels.count(1), len(labels) - labels.count(1)) / len(labels) >= max_share:
+        return None
+    decided = [d for d in decisions if d is not None]
+    if not decided:
+        return None
+    accepts = sum(1 for d in decided if d == 1)
+    return max(accepts, len(decided) - accepts) / len(decided)
+
+
 def guard_verdict(
     previous_score: float,
     new_score: float,
     margin: float,
     drift_nats: float | None = None,
     max_drift: float | None = None,
+    share: float | None = None,
+    max_share: float | None = None,
 ) -> tuple[str, str | None]:
     """(verdict, reason): `reward` when the score fell by more than `margin`, `drift` when the
-    replies drifted more than `max_drift` nats per token; (switched, None) otherwise."""
+    replies drifted more than `max_drift` nats per token, `constant_verdict` when one verdict
+    makes `max_share` or more of the decided ones; (switched, None) otherwise."""
     if verdict(previous_score, new_score, margin) == KEPT_PREVIOUS:
         return KEPT_PREVIOUS, "reward"
     if max_drift is not None and drift_nats is not None and drift_nats > max_drift:
         return KEPT_PREVIOUS, "drift"
+    if max_share is not None and share is not None and share >= max_share:
+        return KEPT_PREVIOUS, "constant_verdict"
     return SWITCHED, None
 
 
