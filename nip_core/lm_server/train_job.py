@@ -46,7 +46,7 @@ def _event_callback(job_dir: Path):
 
 def _train(job_dir: Path, config: dict, options: TrainingOptions, rows: list[dict]):
     """Train for real; returns (result kind, trained tokens or None)."""
-    from nip_core.lm_server import training
+    from nip_core.lm_server import dataset_stats, training
 
     parent = config.get("parent_adapter")
     model, peft_config, strategy = training.load_for_training(config["base_model"], parent, options)
@@ -67,6 +67,9 @@ def _train(job_dir: Path, config: dict, options: TrainingOptions, rows: list[dic
         peft_config,
         callbacks=[_event_callback(job_dir)],
     )
+    stats = dataset_stats.trainer_dataset_event(trainer, rows, options.method)
+    if stats is not None:
+        append_event(job_dir, dataset_stats.describe(stats), data=stats)
     trainer.train()
     tokens = [e["num_tokens"] for e in trainer.state.log_history if "num_tokens" in e]
     kind = training.save_result(trainer, tokenizer, output, strategy, parent)

@@ -220,6 +220,46 @@ def guard_table(guards: dict[int, dict[str, dict]]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+TRAINING_COLUMNS = {
+    "examples": "examples", "tokens_mean": "tokens/example", "tokens_max": "max tokens",
+    "max_length": "max length", "truncated": "truncated", "dropped": "dropped",
+    "steps": "steps", "first_loss": "first loss", "last_loss": "last loss",
+    "last_margin": "last margin",
+}  # fmt: skip
+
+
+def _reported(entry: object) -> bool:
+    """A job whose events held steps or dataset counts (dummy-engine jobs hold neither)."""
+    training = entry.get("training") if isinstance(entry, dict) else None
+    return bool(training) and (training.get("steps") or training.get("examples") is not None)
+
+
+def training_table(fine_tunes: dict[int, dict[str, dict]]) -> pd.DataFrame:
+    """One row per (iteration, group) whose job reported training diagnostics."""
+    rows = [
+        {"iteration": i, "group": group}
+        | {label: entry["training"].get(key) for key, label in TRAINING_COLUMNS.items()}
+        for i, groups in sorted(fine_tunes.items())
+        for group, entry in sorted(groups.items())
+        if _reported(entry)
+    ]
+    return pd.DataFrame(rows)
+
+
+def training_html(fine_tunes: dict[int, dict[str, dict]]) -> str:
+    """The "Training" table with its legend, empty when no job reported diagnostics."""
+    training = training_table(fine_tunes)
+    if training.empty:
+        return ""
+    return (
+        '<h3>Training</h3><p class="muted">Per fine-tune job: tokens per example (the longest '
+        "sequence the trainer builds from it), how many exceed the trainer's maximum length "
+        "(and of those, how many it dropped: a DPO prompt alone that fills it), and the loss "
+        "and DPO reward margin at the first and last step; per-step values in "
+        "<code>fine_tune/&lt;group&gt;-steps.parquet</code>.</p>" + html_table(training)
+    )
+
+
 def report_html(
     run_name: str,
     stats: pd.DataFrame,
@@ -229,6 +269,7 @@ def report_html(
     models: dict[int, dict[str, str]] | None = None,
     timings: dict[int, dict[str, float]] | None = None,
     guards: dict[int, dict[str, dict]] | None = None,
+    fine_tunes: dict[int, dict[str, dict]] | None = None,
 ) -> str:
     """Assemble the page from its parts."""
     iterations = stats["iteration"].tolist() if not stats.empty else []
@@ -249,6 +290,7 @@ def report_html(
             "<code>kept_previous</code> means the new model was not used.</p>"
             + html_table(guard_table(guards))
         )
+    models_html += training_html(fine_tunes or {})
     trees_title = "Response trees" + (
         f" (iteration {tree_iteration})" if tree_iteration is not None else ""
     )
@@ -293,6 +335,10 @@ def build_report(run: RunView, trees: int = 3, iteration: int | None = None) -> 
         i: run.manifest(i).get("stages", {}).get("switch_guard", {}).get("info") or {}
         for i in run.iterations
     }
+    fine_tunes = {
+        i: run.manifest(i).get("stages", {}).get("fine_tune", {}).get("info") or {}
+        for i in run.iterations
+    }
     if iteration is None:
         done = [i for i in run.iterations if "rewards" in run.manifest(i).get("stages", {})]
         iteration = done[-1] if done else None
@@ -316,5 +362,5 @@ def build_report(run: RunView, trees: int = 3, iteration: int | None = None) -> 
             )
     plots = metric_plots(stats)
     return report_html(
-        run.name, stats, plots, "".join(sections), iteration, models, timings, guards
+        run.name, stats, plots, "".join(sections), iteration, models, timings, guards, fine_tunes
     )

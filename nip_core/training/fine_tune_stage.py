@@ -6,7 +6,8 @@ the datasets of every iteration so far, from the base model. Job ids are written
 `fine_tune/<group>.json` right after submission and before polling, and jobs carry an
 idempotency key (run, iteration, group, training fingerprint) in their metadata: a flow killed
 at any moment re-attaches to its job on rerun and never submits a second one, while a rerun
-after a failed job submits a new one.
+after a failed job submits a new one. A succeeded job's per-step training metrics go to
+`fine_tune/<group>-steps.parquet` (`nip_core.training.job_diagnostics`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from nip_core.training.fine_tune_jobs import (
     job_key,
     job_suffix,
 )
+from nip_core.training.job_diagnostics import record_training_diagnostics
 from nip_core.training.model_groups import SharedModelGroup, build_groups
 
 log = logging.getLogger(__name__)
@@ -111,12 +113,14 @@ async def submit_and_wait(paths: RunPaths, context: IterationContext) -> dict:
             raise FineTuneJobError(
                 f"group {name}: job {group.state.fine_tune_job_id} {status}: {error}"
             )
-        return {
+        result = {
             "job_id": group.state.fine_tune_job_id,
             "status": status,
             "skip_reason": group.state.skip_reason,
             "failed_jobs": group.state.failed_jobs,
         }
+        training = await record_training_diagnostics(paths, it, group)
+        return result | ({"training": training} if training is not None else {})
 
     names = list(context.trainable_groups)
     try:

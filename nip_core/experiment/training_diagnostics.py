@@ -1,0 +1,80 @@
+"""Training diagnostics per experiment arm, from the runs' `fine_tune/<group>-steps.parquet`.
+
+An arm that lands at chance may not have fitted its own training rows at all. Beside the
+evaluation, this shows per arm how the trainer went: how many steps, the loss at the first and
+last step, the DPO reward margin and accuracy at the last step (accuracy: the share of pairs
+whose chosen answer the model prefers over the rejected one), and whether examples were cut at
+the trainer's maximum length. Pure functions of already-read tables; `read_training` reads one
+run's file.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import fsspec
+import pandas as pd
+
+from nip_core.training.job_diagnostics import read_steps, training_summary
+
+# (seed, arm, iteration, steps table, summary: `training` of the fine-tune stage info or None)
+TrainingEntry = tuple[int, str, int, pd.DataFrame, dict | None]
+
+ROW_COLUMNS = [
+    "seed", "arm", "iteration", "steps", "first_loss", "last_loss", "last_margin",
+    "last_accuracy", "tokens_mean", "tokens_max", "max_length", "truncated", "dropped",
+]  # fmt: skip
+MEAN_COLUMNS = ["steps", "first_loss", "last_loss", "last_margin", "last_accuracy", "tokens_mean"]
+MAX_COLUMNS = ["tokens_max", "max_length", "truncated", "dropped"]
+
+
+def read_training(fs: fsspec.AbstractFileSystem, path: str) -> tuple[pd.DataFrame, dict | None]:
+    """(steps, summary) of one steps file; an empty table and None when the job wrote none."""
+    if not fs.exists(path):
+        return pd.DataFrame(columns=["step", "loss"]), None
+    steps, dataset, _ = read_steps(fs, path)
+    return steps, training_summary(steps, dataset)
+
+
+def _end(steps: pd.DataFrame, column: str, last: bool = True) -> float:
+    values = steps[column].dropna() if column in steps else pd.Series(dtype=float)
+    return float(values.iloc[-1 if last else 0]) if not values.empty else math.nan
+
+
+def _number(summary: dict | None, key: str) -> float:
+    value = (summary or {}).get(key)
+    return float(value) if isinstance(value, int | float) else math.nan
+
+
+def training_rows(entries: Iterable[TrainingEntry]) -> pd.DataFrame:
+    """One row per (seed, arm, iteration): the step values from the steps table, the dataset
+    values (tokens, max length, truncated, dropped) from the summary; NaN where a job had none."""
+    rows = [
+        {
+            "seed": seed,
+            "arm": arm,
+            "iteration": iteration,
+            "steps": len(steps),
+            "first_loss": _end(steps, "loss", last=False),
+            "last_loss": _end(steps, "loss"),
+            "last_margin": _end(steps, "rewards_margins"),
+            "last_accuracy": _end(steps, "rewards_accuracies"),
+        }
+        | {key: _number(summary, key) for key in MAX_COLUMNS + ["tokens_mean"]}
+        for seed, arm, iteration, steps, summary in entries
+    ]
+    return pd.DataFrame(rows, columns=ROW_COLUMNS)
+
+
+def arm_training_summary(entries: Iterable[TrainingEntry]) -> pd.DataFrame:
+    """One row per (arm, iteration) over seeds: `seeds`, the mean of the step values and tokens
+    per example, and the largest of max tokens, max length, truncated and dropped examples (the
+    worst seed), so one seed with cut-off examples is not averaged away."""
+    rows = training_rows(entries)
+    if rows.empty:
+        return pd.DataFrame(columns=["arm", "iteration", "seeds", *MEAN_COLUMNS, *MAX_COLUMNS])
+    grouped = rows.groupby(["arm", "iteration"], sort=True)
+    summary = grouped[MEAN_COLUMNS].mean().join(grouped[MAX_COLUMNS].max())
+    summary.insert(0, "seeds", grouped["seed"].nunique())
+    return summary.reset_index()
