@@ -12,13 +12,15 @@ samples per held-out datapoint, seeds; see nip_core/experiment/config.py). Under
 - seeds/<seed>/arms/<arm>/: one run folder per arm: N training iterations, each followed by an
   evaluation of the models it switched to (stored as the next iteration's evaluation), with the
   verifier's P(accept) per episode (`eval-verdicts.parquet`);
-- seeds/<seed>/rows.parquet and timings.parquet once the seed finished (a rerun skips it);
+- seeds/<seed>/rows.parquet, training.parquet and timings.parquet once the seed finished (a
+  rerun skips it);
 and for the experiment:
 - experiment.parquet (one row per seed, arm, iteration, datapoint, sample; the reference arms
   always_accept, always_reject and one_feature_rule scored on the base model's episodes),
   summary.parquet (per seed, and across seeds with a two-level bootstrap: 95 % CIs, AUC, paired
-  differences against the base model, accept rates outside 0.2-0.8 flagged), experiment.png
-  and experiment.html.
+  differences against the base model, accept rates outside 0.2-0.8 flagged), training.parquet
+  (the trainer's steps and dataset per seed, arm and iteration), experiment.png and
+  experiment.html.
 Seeds run one after another against one server. Everything resumes: rerunning finished work
 makes no model call.
 """
@@ -58,6 +60,7 @@ from nip_core.run.lock import lock_run_folder
 from nip_core.run.run_folder import ConfigError, check_writable, prepare_run
 from nip_core.run.tracking import open_tracker
 from tasks.experiment import (
+    SeedResult,
     evaluate_iteration,
     evaluation_rows,
     finished_seed,
@@ -66,6 +69,7 @@ from tasks.experiment import (
     record_timing,
     reference_arm_rows,
     timings_table,
+    training_table,
 )
 from tasks.experiment import write_outputs as write_outputs_task
 
@@ -119,10 +123,8 @@ def run_arm(
         tracker.finish()
 
 
-def run_seed(
-    spec: Experiment, seed: int, experiment_root: str, use_wandb: bool
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The base evaluation and every arm for one seed; (experiment rows, timings)."""
+def run_seed(spec: Experiment, seed: int, experiment_root: str, use_wandb: bool) -> SeedResult:
+    """The base evaluation and every arm for one seed; (experiment rows, training, timings)."""
     split, iterations = spec.settings.evaluation_split, spec.settings.iterations
     seed_root = f"{experiment_root}/seeds/{seed}"
     base = with_seed(spec.base, seed)
@@ -142,7 +144,8 @@ def run_seed(
         for arm, paths in arm_paths.items()
         for it in range(1, iterations + 1)
     ]
-    return pd.concat(frames, ignore_index=True), timings_table(arm_paths, seed)
+    training = training_table(arm_paths, seed, iterations)
+    return pd.concat(frames, ignore_index=True), training, timings_table(arm_paths, seed)
 
 
 @flow(name="experiment", log_prints=True)
@@ -160,7 +163,7 @@ def experiment_flow(
     experiment_paths = RunPaths.open(root, run_name)
     experiment_root = f"{root.rstrip('/')}/{run_name}"  # keeps an object store's URL scheme
     seeds = seed_list(spec.settings, spec.base.seed)
-    results: dict[int, tuple[pd.DataFrame, pd.DataFrame]] = {}
+    results: dict[int, SeedResult] = {}
     with lock_run_folder(experiment_paths):
         server = None
         try:
@@ -173,7 +176,7 @@ def experiment_flow(
                             ensure_lm_server(paths, build_context(spec.base, BASE_RUN, 0)) or False
                         )
                     done = run_seed(spec, seed, experiment_root, use_wandb)
-                    record_seed(experiment_paths, seed, *done)
+                    record_seed(experiment_paths, seed, done)
                 else:
                     print(f"seed {seed}: finished earlier, reusing its rows")
                 results[seed] = done
@@ -182,8 +185,9 @@ def experiment_flow(
                 server.stop()
         summary = write_outputs_task(
             experiment_paths,
-            [rows for rows, _ in results.values()],
-            pd.concat([t for _, t in results.values()], ignore_index=True),
+            [rows for rows, _, _ in results.values()],
+            pd.concat([t for _, _, t in results.values()], ignore_index=True),
+            pd.concat([t for _, t, _ in results.values()], ignore_index=True),
             resamples=spec.settings.bootstrap_resamples,
             seed=spec.base.seed,
             title=f"Experiment {run_name} ({spec.settings.evaluation_split} split, seeds "

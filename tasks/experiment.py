@@ -7,6 +7,8 @@ wall time and training model calls as first measured (a resumed iteration keeps 
 
 from __future__ import annotations
 
+import logging
+
 import pandas as pd
 import pyarrow as pa
 from prefect import task
@@ -14,9 +16,10 @@ from prefect import task
 from nip_core.agents.message_scores import score_replies
 from nip_core.data.splits import load_split
 from nip_core.experiment.reference import fit_rule, reference_rows
-from nip_core.experiment.report import experiment_html, learning_curves_png
+from nip_core.experiment.report import experiment_html, learning_curves_png, training_html
 from nip_core.experiment.rows import experiment_rows
 from nip_core.experiment.summary import summary_table
+from nip_core.experiment.training_diagnostics import ROW_COLUMNS, read_training, training_rows
 from nip_core.malt.dataset_export import ExportContext
 from nip_core.malt.evaluation import file_stem
 from nip_core.malt.verdict_scores import scored_chats, verdict_conversations, verdict_table
@@ -24,13 +27,14 @@ from nip_core.parameters import HyperParameters
 from nip_core.run.artifacts import RunPaths, read_json, read_parquet, write_bytes, write_json
 from nip_core.run.artifacts import write_parquet as write_arrow
 from nip_core.run.iteration_context import IterationContext, build_context
-from nip_core.run.iteration_files import NODES_FILE
+from nip_core.run.iteration_files import FINE_TUNE_STEPS_FILE, NODES_FILE
 from nip_core.run.stages import run_stage
 from nip_core.run.tracking import Tracker, log_evaluation
 from tasks.evaluate import evaluate_task, select_items
 
+log = logging.getLogger(__name__)
 TIMINGS = "experiment_timings.json"
-SEED_FILES = ("rows.parquet", "timings.parquet")  # a finished seed's outputs
+SEED_FILES = ("rows.parquet", "training.parquet", "timings.parquet")  # a finished seed's outputs
 
 
 def models_after(paths: RunPaths, iteration: int) -> dict[str, str]:
@@ -143,9 +147,34 @@ def reference_arm_rows(hp: HyperParameters, base_rows: pd.DataFrame, split: str)
     rule = fit_rule(train["solution"], train["y"])
     evaluated = load_split(hp, split)
     solutions = dict(zip(evaluated["id"].astype(int), evaluated["solution"], strict=True))
-    print(f"seed {hp.seed}: one-feature rule fitted on train: {rule.describe()} "
-          f"(train accuracy {rule.train_accuracy:.3f})")
+    log.info(
+        "seed %d: one-feature rule fitted on train: %s (train accuracy %.3f)",
+        hp.seed,
+        rule.describe(),
+        rule.train_accuracy,
+    )
     return reference_rows(base_rows, solutions, rule)
+
+
+# A seed's experiment rows, training diagnostics and timings.
+SeedResult = tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]
+
+
+def training_table(arm_paths: dict[str, RunPaths], seed: int, iterations: int) -> pd.DataFrame:
+    """Per (arm, iteration after training, group): the trainer's steps and dataset summary
+    from the runs' `fine_tune/<group>-steps.parquet` (no rows where no job reported any)."""
+    frames = []
+    for arm, paths in arm_paths.items():
+        for it in range(iterations):
+            pattern = paths.iteration_file(it, FINE_TUNE_STEPS_FILE.format(group="*"))
+            for path in sorted(paths.fs.glob(pattern)):
+                group = path.rsplit("/", 1)[-1].removesuffix("-steps.parquet")
+                steps, summary = read_training(paths.fs, path)
+                entry = (seed, arm, it + 1, steps, summary)
+                frames.append(training_rows([entry]).assign(group=group))
+    if not frames:
+        return pd.DataFrame(columns=[*ROW_COLUMNS, "group"])
+    return pd.concat(frames, ignore_index=True)
 
 
 def seed_file(experiment_paths: RunPaths, seed: int, name: str) -> str:
@@ -177,6 +206,7 @@ def write_outputs(
     experiment_paths: RunPaths,
     frames: list[pd.DataFrame],
     timings: pd.DataFrame,
+    training: pd.DataFrame,
     *,
     resamples: int,
     seed: int,
@@ -190,7 +220,11 @@ def write_outputs(
         fs, f"{root}/experiment.parquet", pa.Table.from_pandas(experiment, preserve_index=False)
     )
     write_arrow(fs, f"{root}/summary.parquet", pa.Table.from_pandas(summary, preserve_index=False))
+    write_arrow(
+        fs, f"{root}/training.parquet", pa.Table.from_pandas(training, preserve_index=False)
+    )
     png = learning_curves_png(summary)
     write_bytes(fs, f"{root}/experiment.png", png)
-    write_bytes(fs, f"{root}/experiment.html", experiment_html(summary, png, title).encode())
+    page = experiment_html(summary, png, title, training_html(training))
+    write_bytes(fs, f"{root}/experiment.html", page.encode())
     return summary

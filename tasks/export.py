@@ -43,6 +43,8 @@ def export_datasets(paths: RunPaths, context: IterationContext) -> dict:
                     hp.text_rl,
                     hp.seed,
                 )
+                if not context.agent_params[agents[0]].shuffle_training_data:
+                    rows = export.alternate_verdicts(rows, "messages")
                 table, jsonl = export.sft_table(rows), export.sft_openai_jsonl(rows)
             else:
                 kind = "dpo"
@@ -50,6 +52,8 @@ def export_datasets(paths: RunPaths, context: IterationContext) -> dict:
                 rows = export.dpo_rows(nodes, group_pairs, ctx)
                 if context.protocol.verifier_name in agents:
                     rows += export.guess_replaced_pairs(nodes, ctx, hp.text_rl, hp.seed)
+                if not context.agent_params[agents[0]].shuffle_training_data:
+                    rows = export.alternate_verdicts(rows, "chosen")
                 table, jsonl = export.dpo_table(rows), export.dpo_openai_jsonl(rows)
             base = f"datasets/{kind}/{group}"
             files[f"{base}.parquet"] = write_parquet(

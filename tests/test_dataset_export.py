@@ -359,23 +359,24 @@ def test_malt_guess_replaced_pairs_prefer_the_true_verdict(solo_tree):
     none = TextRlParameters(verifier_guess_replacement_proportion=0.0)
     assert export.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, none, 1) == []
     y_of = {it.datapoint.id: it.datapoint.y for it in solo_tree.items}
-    accepts = sum(y_of[solo_tree.items[i].datapoint.id] for i in range(10)) * 3
-    assert 0 < accepts < 30, "the fixture needs both labels"
+    # one pair per distinct chat: the 3 sampled verdicts of an episode share theirs
+    accepts = sum(y_of[solo_tree.items[i].datapoint.id] for i in range(10))
+    assert 0 < accepts < 10, "the fixture needs both labels"
 
     def chosen_counts(rows):
         return collections.Counter(r["chosen"][0]["content"] for r in rows)
 
     half = TextRlParameters(verifier_guess_replacement_proportion=0.5)
     rows = export.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, half, 1)
-    each = min(15 // 2, accepts, 30 - accepts)  # half the share per label, as far as it goes
+    each = min(5 // 2, accepts, 10 - accepts)  # half the share per label, as far as it goes
     assert chosen_counts(rows) == {"Decision: accept": each, "Decision: reject": each}
     assert rows == export.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, half, 1)
     assert rows != export.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, half, 2)
     every = TextRlParameters(verifier_guess_replacement_proportion=1.0)
     all_rows = export.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, every, 1)
-    each = min(accepts, 30 - accepts)  # balanced: the rarer label sets the count
+    each = min(accepts, 10 - accepts)  # balanced: the rarer label sets the count
     assert chosen_counts(all_rows) == {"Decision: accept": each, "Decision: reject": each}
-    assert len({(r["parent_node_id"], r["datapoint_id"]) for r in all_rows}) <= 10
+    assert len({r["datapoint_id"] for r in all_rows}) == len(all_rows)  # no duplicate pair
     sampled = {
         r["parent_node_id"]: r["prompt"]
         for r in export.dpo_rows(solo_tree.nodes, solo_tree.pairs(), solo_tree.export)

@@ -53,6 +53,7 @@ def test_two_arms_two_iterations_write_the_documented_files(prefect_harness, tmp
     folder = tmp_path / "exp"
     for name in ("experiment.parquet", "summary.parquet", "experiment.html", "experiment.png"):
         assert (folder / name).stat().st_size > 0, name
+    assert (folder / "training.parquet").exists()  # empty: dummy jobs report no steps
     seed = folder / "seeds" / "11"
     assert (seed / "arms" / "malt" / "iterations" / "0001" / "eval.parquet").exists()
     assert (seed / "base" / "iterations" / "0000" / "eval.parquet").exists()

@@ -132,7 +132,11 @@ def hyper_params(draw) -> HyperParameters:
         agents=AgentsParameters({name: draw(agents()) for name in names}),
         rl=rl,
         text_rl=draw(
-            simple(TextRlParameters, validation_fraction=st.floats(1e-6, 1, exclude_max=True))
+            simple(
+                TextRlParameters,
+                validation_fraction=st.floats(1e-6, 1, exclude_max=True),
+                switch_guard_max_verdict_share=st.none() | st.floats(0.5, 1, exclude_min=True),
+            )
         ),
         pure_text_ei=draw(EI),
         pure_text_malt=draw(MALT),

@@ -146,3 +146,16 @@ outside 0.2-0.8 is flagged: such a verifier mostly answers one verdict.</p>
 <table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>
 </body></html>
 """
+
+
+def training_html(training: pd.DataFrame) -> str:
+    """The trainer's diagnostics per seed, arm and iteration: did it fit its own rows?"""
+    if training.empty:
+        return ""
+    table = training.round(3).to_html(index=False, na_rep="n/a", border=0)
+    return (
+        "<h2>Training</h2><p>Per trained model: optimizer steps, loss at the first and last "
+        "step, the DPO reward margin and pair accuracy at the last step, tokens per example and "
+        "how many examples were longer than the trainer's maximum length (truncated; dropped: "
+        f"left out by TRL).</p>{table}"
+    )

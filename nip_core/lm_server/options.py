@@ -2,7 +2,8 @@
 
 The OpenAI part (`method.<type>.hyperparameters`: n_epochs, beta, batch_size,
 learning_rate_multiplier) and our extension `nip_training` (use_lora, lora_rank, lora_alpha,
-lora_dropout, stack_lora_adapters, quantization, learning_rate, seed) are merged into one frozen
+lora_dropout, stack_lora_adapters, quantization, learning_rate, seed, loss_type, rpo_alpha,
+gradient_accumulation_steps, shuffle) are merged into one frozen
 record that the training child receives as JSON. Bad values raise `OptionsError` naming the field.
 """
 
@@ -25,6 +26,8 @@ _NIP_FIELDS = (
     "seed",
     "loss_type",
     "rpo_alpha",
+    "gradient_accumulation_steps",
+    "shuffle",
 )
 
 
@@ -57,6 +60,8 @@ class TrainingOptions:
     seed: int = 0
     loss_type: str = "sigmoid"
     rpo_alpha: float = 0.0  # weight of an NLL term on the chosen answer (RPO); 0: plain DPO
+    gradient_accumulation_steps: int = 1
+    shuffle: bool = True  # False: train on the rows in the order given
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -148,4 +153,8 @@ def parse_options(method: Any, nip_training: Any, seed: Any = None) -> TrainingO
         seed=0 if seed is None else _number(seed, "seed", int, 0),
         loss_type=loss_type,
         rpo_alpha=_number(nip.get("rpo_alpha") or 0.0, "rpo_alpha", float, 0, 100),
+        gradient_accumulation_steps=_number(
+            nip.get("gradient_accumulation_steps", 1), "gradient_accumulation_steps", int, 1, 4096
+        ),
+        shuffle=_bool(nip.get("shuffle", True), "shuffle"),
     )

@@ -117,6 +117,8 @@ def trainer_config(options: TrainingOptions, output_dir: str, **overrides: Any):
         "push_to_hub": False,
         "save_strategy": "no",
         "logging_steps": 1,
+        "gradient_accumulation_steps": options.gradient_accumulation_steps,
+        "train_sampling_strategy": "random" if options.shuffle else "sequential",
         "dataloader_num_workers": 0,
         "disable_tqdm": True,
         **precision_args(),

@@ -7,6 +7,7 @@ JSONL files are the OpenAI fine-tuning shapes of the same rows.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -96,7 +97,8 @@ def guess_replaced_pairs(
     verdicts a model that nearly always accepts never samples.
 
     Balanced: DPO's optimum moves the accept-vs-reject log-odds by ln(n_accept/n_reject)/beta,
-    so at beta 0.1 a 59:41 label split alone took a verifier to ~97 % accepts (validation)."""
+    so at beta 0.1 a 59:41 label split alone took a verifier to ~97 % accepts (validation).
+    One pair per distinct chat: identical pairs from sibling samples are dropped first."""
     verifier = context.protocol.verifier_name
     p = guess_replacement_proportion(text_rl, context.iteration)
     leaves = leaf_indices(nodes)
@@ -104,19 +106,14 @@ def guess_replaced_pairs(
         return []
     rng = np.random.default_rng(stable_int("malt-guess", run_seed, context.iteration, verifier))
     batch_indices = nodes.column("batch_index").to_pylist()
-    truth_of = {
-        leaf: ACCEPT if context.items[batch_indices[leaf]].datapoint.y == 1 else REJECT
-        for leaf in leaves.tolist()
-    }
-    replaced = balanced_share(leaves, truth_of, p, rng)
     index = turns_by_node(nodes)
     node_ids = nodes.column("node_id").to_pylist()
     parent_ids = nodes.column("parent_id").to_pylist()
-    rows = []
-    for leaf in replaced:
+    truth_of, conversations = {}, {}
+    for leaf in distinct_verifier_chats(nodes, context, index, leaves):
         item = context.items[batch_indices[leaf]]
-        truth = truth_of[leaf]
-        conversation = training_conversation(
+        truth = ACCEPT if item.datapoint.y == 1 else REJECT
+        conversations[leaf] = training_conversation(
             context.protocol,
             verifier,
             context.agent_params[verifier],
@@ -125,9 +122,12 @@ def guess_replaced_pairs(
             item.episode_seed,
             replace_verifier_decision_with=truth,
         )
-        if conversation is None:
-            continue
-        false = f"Decision: {stance_string(REJECT if truth == ACCEPT else ACCEPT)}"
+        truth_of[leaf] = truth
+    unique = np.array(sorted(truth_of), dtype=np.int64)
+    rows = []
+    for leaf in balanced_share(unique, truth_of, p, rng):
+        item, conversation = context.items[batch_indices[leaf]], conversations[leaf]
+        false = f"Decision: {stance_string(REJECT if truth_of[leaf] == ACCEPT else ACCEPT)}"
         rows.append(
             {
                 "openai_prompt": openai_messages(conversation[:-1]),
@@ -146,6 +146,50 @@ def guess_replaced_pairs(
             }
         )
     return rows
+
+
+def distinct_verifier_chats(
+    nodes: pa.Table, context: ExportContext, index, leaves: np.ndarray
+) -> list[int]:
+    """The first leaf of each distinct chat the verifier's last reply came from (where the
+    verifier spoke). Siblings sampled from one chat (the solo verifier's K answers) would give
+    the same label pair K times: a K-fold step on that problem, not more data."""
+    verifier = context.protocol.verifier_name
+    batch_indices = nodes.column("batch_index").to_pylist()
+    node_ids = nodes.column("node_id").to_pylist()
+    seen, out = set(), []
+    for leaf in leaves.tolist():
+        item = context.items[batch_indices[leaf]]
+        chat = training_conversation(
+            context.protocol,
+            verifier,
+            context.agent_params[verifier],
+            item.datapoint,
+            history(index, node_ids[leaf]),
+            item.episode_seed,
+        )
+        if chat is None:
+            continue
+        key = json.dumps(chat[:-1], sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            out.append(leaf)
+    return out
+
+
+def alternate_verdicts(rows: Sequence[dict], column: str) -> list[dict]:
+    """The rows reordered to alternate those whose `column` (a chat) ends in "Decision: accept"
+    with those ending in "Decision: reject" (each kept in its order), then the rest. Trained
+    in this order (no shuffling), every optimizer step of an even number of rows sees both
+    verdicts as often, so no step moves the verifier's bias alone."""
+    verdict = {"Decision: accept": 0, "Decision: reject": 1}
+    queues: list[list[dict]] = [[], [], []]
+    for row in rows:
+        queues[verdict.get((row[column][-1].get("content") or "").strip(), 2)].append(row)
+    accepts, rejects, rest = queues
+    out = [row for pair in zip(accepts, rejects, strict=False) for row in pair]
+    n = min(len(accepts), len(rejects))
+    return out + accepts[n:] + rejects[n:] + rest
 
 
 def balanced_share(

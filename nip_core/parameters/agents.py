@@ -173,6 +173,13 @@ class PureTextAgentParameters(AgentParameters):
     dpo_rpo_alpha: float | None = None
     """Weight of an NLL term on the chosen answer added to the DPO loss (RPO; None or 0: off).
     Guards small models against DPO collapse. Not a nip field; self-hosted training only."""
+    gradient_accumulation_steps: int = 1
+    """Self-hosted training: batches summed into one optimizer step (ours)."""
+    shuffle_training_data: bool = True
+    """Self-hosted training: False trains on the rows in their exported order. Label pairs are
+    exported alternating the true verdict, so with batch 1 and an even
+    `gradient_accumulation_steps` every optimizer step sees as many accepts as rejects and no
+    step can move the verdict's bias alone, the flip-flop of batch-1 training (ours)."""
 
     @classmethod
     def construct_test_params(cls) -> Self:

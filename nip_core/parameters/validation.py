@@ -17,7 +17,7 @@ from typing import Any
 from nip_core.parameters.typing_utils import describe, field_hints, literal_values, matches
 
 # int fields whose names match this are counts or sizes and must not be negative
-_COUNT_NAME = re.compile(r"^(num_.*|.*_size|.*_rank|max_.*|per_device_.*)$")
+_COUNT_NAME = re.compile(r"^(num_.*|.*_size|.*_rank|max_.*|per_device_.*|.*_steps)$")
 # counts where zero would deadlock or make the run empty
 _POSITIVE = {
     "max_concurrent_requests",
@@ -29,6 +29,7 @@ _POSITIVE = {
     "vllm_tensor_parallel_size",
     "vllm_data_parallel_size",
     "training_num_processes",
+    "gradient_accumulation_steps",
 }
 _UNSUPPORTED = {
     ("scenario", "graph_isomorphism"): "nip's tensor scenarios are not supported",

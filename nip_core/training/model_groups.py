@@ -186,6 +186,8 @@ class SharedModelGroup(NipMethodNames):
             "learning_rate": self.rl_learning_rate,
             "loss_type": p.dpo_loss_type,
             "rpo_alpha": p.dpo_rpo_alpha,
+            "gradient_accumulation_steps": p.gradient_accumulation_steps,
+            "shuffle": p.shuffle_training_data,
         }
 
     def _api(self) -> Any:
