@@ -181,22 +181,19 @@ def seed_file(experiment_paths: RunPaths, seed: int, name: str) -> str:
     return f"{experiment_paths.run_dir}/seeds/{seed}/{name}"
 
 
-def finished_seed(
-    experiment_paths: RunPaths, seed: int
-) -> tuple[pd.DataFrame, pd.DataFrame] | None:
-    """(rows, timings) of a seed that finished in an earlier run, else None."""
+def finished_seed(experiment_paths: RunPaths, seed: int) -> SeedResult | None:
+    """(rows, training, timings) of a seed that finished in an earlier run, else None."""
     fs = experiment_paths.fs
-    rows, timings = (seed_file(experiment_paths, seed, n) for n in SEED_FILES)
-    if not (fs.exists(rows) and fs.exists(timings)):
+    files = [seed_file(experiment_paths, seed, n) for n in SEED_FILES]
+    if not all(fs.exists(f) for f in files):
         return None
-    return read_parquet(fs, rows).to_pandas(), read_parquet(fs, timings).to_pandas()
+    rows, training, timings = (read_parquet(fs, f).to_pandas() for f in files)
+    return rows, training, timings
 
 
-def record_seed(
-    experiment_paths: RunPaths, seed: int, rows: pd.DataFrame, timings: pd.DataFrame
-) -> None:
-    """Keep a finished seed's rows and timings (timings last: their presence marks it done)."""
-    for name, frame in zip(SEED_FILES, (rows, timings), strict=True):
+def record_seed(experiment_paths: RunPaths, seed: int, result: SeedResult) -> None:
+    """Keep a finished seed's outputs (timings last: their presence marks it done)."""
+    for name, frame in zip(SEED_FILES, result, strict=True):
         table = pa.Table.from_pandas(frame, preserve_index=False)
         write_arrow(experiment_paths.fs, seed_file(experiment_paths, seed, name), table)
 
