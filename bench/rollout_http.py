@@ -59,7 +59,7 @@ def serve(port: int, latency: float) -> None:
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    from nip_core.agents.dummy_player import dummy_reply
+    from nip_core.model_api.dummy_player import dummy_reply
 
     calls = 0
 
