@@ -28,7 +28,7 @@ import pandas as pd
 import yaml
 from prefect import flow
 
-from flows.cli import RunSettings, all_overrides, run_command, run_folder_arguments
+from flows.cli import RunSettings, all_overrides, open_run, run_command, run_folder_arguments
 from flows.pipeline import iteration_subflow
 from nip_core.experiment.config import (
     BASE_RUN,
@@ -40,13 +40,12 @@ from nip_core.experiment.config import (
     split_config,
 )
 from nip_core.experiment.report import summary_text
-from nip_core.lm_server.launch import ensure_lm_server
 from nip_core.parameters import HyperParameters
 from nip_core.parameters.loading import apply_overrides, read_params_file
 from nip_core.run.artifacts import RunPaths, default_root
 from nip_core.run.iteration_context import build_context
 from nip_core.run.lock import lock_run_folder
-from nip_core.run.run_folder import ConfigError, check_writable, prepare_run
+from nip_core.run.run_folder import ConfigError, check_writable
 from nip_core.run.tracking import open_tracker
 from tasks.experiment import (
     evaluate_iteration,
@@ -123,20 +122,15 @@ def experiment_flow(
     experiment_root = f"{root.rstrip('/')}/{run_name}"  # keeps an object store's URL scheme
     split = spec.settings.evaluation_split
     with lock_run_folder(experiment_paths):
-        base_paths = prepare_run(spec.base, experiment_root, BASE_RUN)
         arms_root = f"{experiment_root}/arms"
-        server = ensure_lm_server(base_paths, build_context(spec.base, BASE_RUN, 0))
-        try:
+        with open_run(spec.base, experiment_root, BASE_RUN) as base:  # and the server, if needed
+            base_paths = base.paths
             evaluate_iteration(base_paths, spec.base, BASE_RUN, 0, split)
             arm_paths = {}
             for arm, hp in spec.arms.items():
                 paths = arm_paths[arm] = RunPaths.open(arms_root, arm)
-                with lock_run_folder(paths):
-                    prepare_run(hp, arms_root, arm)
+                with open_run(hp, arms_root, arm):
                     run_arm(paths, hp, arm, spec.settings, use_wandb)
-        finally:
-            if server is not None:
-                server.stop()
         frames = [evaluation_rows(base_paths, BASE_RUN, 0, split)] + [
             evaluation_rows(paths, arm, it, split)
             for arm, paths in arm_paths.items()
