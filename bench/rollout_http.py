@@ -112,8 +112,8 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def loopback_server(latency: float) -> Iterator[str]:
-    port = free_port()
+def loopback_server(latency: float, port: int | None = None) -> Iterator[str]:
+    port = port or free_port()
     command = [sys.executable, __file__, "--serve", str(port), "--latency", str(latency)]
     process = subprocess.Popen(command, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -237,6 +237,7 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.2, help="seconds per request")
     parser.add_argument("--sizes", default="32,512", help="datapoints per run, comma-separated")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--port", type=int, help="the loopback server's port (default: a free one)")
     parser.add_argument(
         "--via",
         choices=["stage", "cli"],
@@ -252,7 +253,7 @@ def main() -> None:
     one_run, keys = measure, ("ratio", "calls_per_s", "cpu_ms_per_call")
     if args.via == "cli":
         one_run, keys = measure_cli, ("ratio", "calls_per_s")
-    with loopback_server(args.latency) as url:
+    with loopback_server(args.latency, args.port) as url:
         if args.via == "stage":
             rollout_stage(url, tempfile.mkdtemp(), "warm-up", 2)  # imports, templates, connections
         for size in sizes:
