@@ -17,6 +17,7 @@ from nip_core.agents.clients import provider_of
 from nip_core.lm_server.launch import ServerHandle, is_up, start_server
 from nip_core.run.artifacts import RunPaths
 from nip_core.run.iteration_context import IterationContext
+from nip_core.run.iteration_files import LM_SERVER_DIR
 
 ENGINE_ENV = "NIP_LM_SERVER_ENGINE"  # transformers | vllm | dummy; beats the config key
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -91,7 +92,7 @@ def ensure_lm_server(
         return ServerHandle(url, None)
     if host not in LOOPBACK:
         raise RuntimeError(f"the language-model server at {url} does not answer; start it there")
-    state_dir = Path(paths.run_dir) / "lm_server" if paths.is_local else None
+    state_dir = Path(paths.run_dir) / LM_SERVER_DIR if paths.is_local else None
     engine = server_engine(context)
     return start_server(url, port, engine, server_options(context, engine), state_dir, timeout)
 

@@ -12,6 +12,7 @@ from prefect import task
 
 from nip_core.run.artifacts import RunPaths, read_bytes, sha256_bytes
 from nip_core.run.iteration_context import IterationContext
+from nip_core.run.iteration_files import fine_tune_record
 from nip_core.run.stages import run_stage
 from nip_core.training.fine_tune_stage import submit_and_wait, switch_groups
 from tasks import TRANSIENT_RETRY
@@ -21,8 +22,8 @@ def fine_tune(paths: RunPaths, context: IterationContext) -> dict:
     def compute():
         info = asyncio.run(submit_and_wait(paths, context))
         files = {
-            f"fine_tune/{g}.json": sha256_bytes(
-                read_bytes(paths.fs, paths.iteration_file(context.iteration, f"fine_tune/{g}.json"))
+            fine_tune_record(g): sha256_bytes(
+                read_bytes(paths.fs, paths.iteration_file(context.iteration, fine_tune_record(g)))
             )
             for g in info
         }
