@@ -2,10 +2,10 @@
 
 Model calls (`DirectHttpChatClient`, `ReplicaChatClient`) and fine-tuning API calls
 (`SharedModelGroup`) all retry in the one loop `RetryPolicy.call`, and Prefect task retries
-(`tasks.TRANSIENT_RETRY`) ask the same `is_transient`: rate limits,
-5xx answers, timeouts, dropped connections and replies whose body could not be read (non-UTF-8
-bytes, a proxy's HTML page, JSON cut short) may go away on their own; a bad configuration, a
-corrupt artifact or a failed training job fails at once: retrying it would only waste minutes.
+(`tasks.TRANSIENT_RETRY`) ask the same `is_transient`: rate limits, 5xx answers, timeouts,
+dropped connections and replies whose body could not be read (non-UTF-8 bytes, a proxy's HTML
+page, JSON cut short) may go away on their own; a bad configuration, a corrupt artifact or a
+failed training job fails at once: retrying it would only waste minutes.
 """
 
 from __future__ import annotations
