@@ -2,16 +2,27 @@
 
     python bench/rollout_http.py                       # 32 and 512 datapoints, 200 ms per request
     python bench/rollout_http.py --sizes 32 --latency 0.1 --repeats 3
+    python bench/rollout_http.py --via cli             # the whole command, model_provider OpenAI
 
 Starts a loopback OpenAI-compatible server in its own process that answers every chat request
-after a fixed latency with `n` game-shaped choices (the dummy player's replies, no invalid ones),
-then runs the pipeline's own rollout stage against it: the `openai` SDK clients, the call
-journal, shard checkpoints and the manifest, exactly as `generate-rollouts` does (Prefect's
-task wrapper left out). NIP protocol, 3 rounds, K = 2: the latency bound is 3 x latency.
+after a fixed latency with `n` game-shaped choices (the dummy player's replies, no invalid ones).
+NIP protocol, 3 rounds, K = 2: the latency bound is 3 x latency.
 
-Prints per size: wall / (rounds x latency), model calls per second and the client's CPU
-milliseconds per model call (this process, all threads). Targets: <= 1.5 at 32 datapoints,
->= 300 calls/s at 512, <= 2 ms CPU per call. The last line is the ratio at the smallest size.
+`--via stage` (default) runs the pipeline's own rollout stage in this process against it, as a
+`SelfHosted` agent: the chat clients, the call journal, shard checkpoints and the manifest,
+exactly as `generate-rollouts` does (Prefect's task wrapper left out). Prints per size:
+wall / (rounds x latency), model calls per second and the client's CPU milliseconds per model
+call (this process, all threads). Targets: <= 1.5 at 32 datapoints, >= 300 calls/s at 512,
+<= 2 ms CPU per call.
+
+`--via cli` runs `python -m flows.malt_iteration` as a child process with
+`model_provider: OpenAI` and `OPENAI_BASE_URL` pointing at the loopback server (every agent
+frozen, so nothing is fine-tuned; `frozen_agents_generate_one_response=false`, so K = 2 still
+applies and the trees are those of `--via stage`), and reads the rollout stage's wall seconds
+from the iteration's manifest. Prints per size: that wall / (rounds x latency) and model calls
+per second. Targets: <= 1.5 at 32 datapoints, >= 400 calls/s at 512.
+
+The last line is the ratio at the smallest size.
 """
 
 from __future__ import annotations
@@ -19,6 +30,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
+import os
 import socket
 import statistics
 import subprocess
@@ -46,7 +59,7 @@ def serve(port: int, latency: float) -> None:
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    from nip_core.agents.dummy_player import dummy_reply
+    from nip_core.model_api.dummy_player import dummy_reply
 
     calls = 0
 
@@ -99,8 +112,8 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def loopback_server(latency: float) -> Iterator[str]:
-    port = free_port()
+def loopback_server(latency: float, port: int | None = None) -> Iterator[str]:
+    port = port or free_port()
     command = [sys.executable, __file__, "--serve", str(port), "--latency", str(latency)]
     process = subprocess.Popen(command, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -151,6 +164,57 @@ def rollout_stage(url: str, root: str, run_name: str, datapoints: int) -> int:
     return grow_all_trees(paths, context)["info"]["nodes"]
 
 
+def cli_overrides(datapoints: int) -> list[str]:
+    """The default configuration made the benchmark's: OpenAI-compatible agents, all frozen."""
+    settings = [
+        "agents._default.model_provider=OpenAI",
+        "agents._default.freeze_agent=true",
+        "pure_text_malt.frozen_agents_generate_one_response=false",
+        "interaction_protocol=nip",
+        f"nip_protocol.max_message_rounds={ROUNDS}",
+        f"pure_text_malt.num_responses_per_timestep={K}",
+        f"rl.rollouts_per_iteration={datapoints}",
+        "text_rl.max_concurrent_requests=4096",
+        "text_rl.switch_guard=false",
+    ]
+    return [word for setting in settings for word in ("--set", setting)]
+
+
+def cli_rollout_stage(url: str, root: str, run_name: str, datapoints: int) -> int:
+    """`python -m flows.malt_iteration` against `url` in a child process; returns the nodes and
+    leaves the rollout stage's seconds in the manifest."""
+    command = [sys.executable, "-m", "flows.malt_iteration", *cli_overrides(datapoints)]
+    command += ["--run-name", run_name, "--artifacts-root", root, "--no-wandb"]
+    env = os.environ | {
+        "OPENAI_BASE_URL": f"{url}/v1",
+        "OPENAI_API_KEY": "sk-bench-loopback",  # the loopback server reads no key
+        "PYTHONPATH": str(REPO),
+    }
+    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"malt_iteration exited with {done.returncode}:\n{done.stderr[-3000:]}")
+    return rollout_entry(root, run_name)["info"]["nodes"]
+
+
+def rollout_entry(root: str, run_name: str) -> dict:
+    manifest = Path(root, run_name, "iterations", "0000", "manifest.json")
+    return json.loads(manifest.read_text())["stages"]["rollouts"]
+
+
+def measure_cli(url: str, datapoints: int, latency: float) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as root:
+        before = httpx.get(f"{url}/stats").json()["calls"]
+        nodes = cli_rollout_stage(url, root, f"bench-{datapoints}", datapoints)
+        calls = httpx.get(f"{url}/stats").json()["calls"] - before
+        wall = rollout_entry(root, f"bench-{datapoints}")["seconds"]
+    return {
+        "nodes": nodes,
+        "calls": calls,
+        "ratio": wall / (ROUNDS * latency),
+        "calls_per_s": calls / wall,
+    }
+
+
 def measure(url: str, datapoints: int, latency: float) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as root:
         before = httpx.get(f"{url}/stats").json()["calls"]
@@ -173,17 +237,28 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.2, help="seconds per request")
     parser.add_argument("--sizes", default="32,512", help="datapoints per run, comma-separated")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--port", type=int, help="the loopback server's port (default: a free one)")
+    parser.add_argument(
+        "--via",
+        choices=["stage", "cli"],
+        default="stage",
+        help="the rollout stage in this process (SelfHosted), or the whole command (OpenAI)",
+    )
     args = parser.parse_args()
     if args.serve:
         serve(args.serve, args.latency)
         return
     sizes = [int(s) for s in args.sizes.split(",")]
     summary = {}
-    with loopback_server(args.latency) as url:
-        rollout_stage(url, tempfile.mkdtemp(), "warm-up", 2)  # imports, templates, connections
+    one_run, keys = measure, ("ratio", "calls_per_s", "cpu_ms_per_call")
+    if args.via == "cli":
+        one_run, keys = measure_cli, ("ratio", "calls_per_s")
+    with loopback_server(args.latency, args.port) as url:
+        if args.via == "stage":
+            rollout_stage(url, tempfile.mkdtemp(), "warm-up", 2)  # imports, templates, connections
         for size in sizes:
-            runs = [measure(url, size, args.latency) for _ in range(args.repeats)]
-            for key in ("ratio", "calls_per_s", "cpu_ms_per_call"):
+            runs = [one_run(url, size, args.latency) for _ in range(args.repeats)]
+            for key in keys:
                 values = [r[key] for r in runs]
                 print(
                     f"{size} datapoints ({runs[0]['calls']} calls, {runs[0]['nodes']} nodes): "

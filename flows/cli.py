@@ -1,4 +1,5 @@
-"""What every command shares: its options, the up-front checks, and how errors end a command.
+"""What every command shares: its options, the up-front checks, the preamble of its flow
+(`open_run`), and how errors end a command.
 
 A command checks everything it can before anything is written or started; a user error
 (configuration, run folder, artifacts) ends it with one `error:` line and exit status 2. Other
@@ -8,19 +9,24 @@ failures print their traceback as usual. `--debug` shows the traceback of user e
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, Field
 
+from flows.lm_server import lm_server_for
 from nip_core.parameters import HyperParameters, load_hyper_params
 from nip_core.parameters.hyper import InteractionProtocolType, TrainerType
 from nip_core.run.artifacts import ArtifactError, RunPaths, default_root
-from nip_core.run.lock import RunLockedError
-from nip_core.run.run_folder import ConfigError, preflight
+from nip_core.run.iteration_context import IterationContext, build_context
+from nip_core.run.lock import RunLockedError, lock_run_folder
+from nip_core.run.run_folder import ConfigError, preflight, prepare_run, previous_group_models
+from nip_core.run.tracking import Tracker, open_tracker
 
 T = TypeVar("T")
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
@@ -94,6 +100,51 @@ def make_task_runner(kind: TaskRunnerKind, address: str | None = None) -> Any:
             raise ConfigError("--task-runner ray needs: pip install -e '.[ray]'") from e
         return RayTaskRunner(address=address) if address else RayTaskRunner()
     raise ConfigError(f"--task-runner must be thread, dask or ray, got {kind!r}")
+
+
+@dataclass(frozen=True)
+class OpenRun:
+    """A run folder this process holds (`open_run`), and where its rollout shards run."""
+
+    hp: HyperParameters
+    run_name: str
+    paths: RunPaths
+    task_runner: TaskRunnerKind = "thread"
+    task_runner_address: str | None = None
+
+    def context(self, iteration: int) -> IterationContext:
+        """The iteration's context, from the models the previous iteration switched to."""
+        models = previous_group_models(self.paths, iteration)
+        return build_context(self.hp, self.run_name, iteration, models)
+
+    @contextlib.contextmanager
+    def tracking(self, use_wandb: bool) -> Iterator[Tracker]:
+        """The run's tracker (wandb, or nothing with `use_wandb` false), finished afterwards."""
+        tracker = open_tracker(self.paths, self.hp, self.run_name, use_wandb)
+        try:
+            yield tracker
+        finally:
+            tracker.finish()
+
+
+@contextlib.contextmanager
+def open_run(
+    hp: HyperParameters,
+    root: str | None,
+    run_name: str,
+    *,
+    task_runner: TaskRunnerKind = "thread",
+    task_runner_address: str | None = None,
+) -> Iterator[OpenRun]:
+    """What every flow does first: lock the run folder (one writer at a time), check its stored
+    configuration and prepare it, and start the self-hosted server when the run needs one and
+    nothing answers on its port; undone in reverse afterwards (the server stops only if this
+    started it). `root` None: `$NIP_ARTIFACTS_ROOT` or ./artifacts."""
+    root = root or default_root()
+    with lock_run_folder(RunPaths.open(root, run_name)):
+        paths = prepare_run(hp, root, run_name)
+        with lm_server_for(paths, build_context(hp, run_name, 0)):
+            yield OpenRun(hp, run_name, paths, task_runner, task_runner_address)
 
 
 def resolve_hyper_params(config: str | None, overrides: list[str] | None) -> HyperParameters:

@@ -23,18 +23,15 @@ from flows.cli import (
     add_iteration_argument,
     all_overrides,
     checked_run_arguments,
+    open_run,
     resolve_hyper_params,
     run_command,
     run_folder_arguments,
 )
-from nip_core.lm_server.launch import ensure_lm_server
 from nip_core.malt.evaluation import SPLITS, format_metrics
-from nip_core.parameters import HyperParameters
 from nip_core.run.artifacts import RunPaths, default_root, read_json
-from nip_core.run.iteration_context import build_context
-from nip_core.run.lock import lock_run_folder
-from nip_core.run.run_folder import ConfigError, prepare_run, previous_group_models
-from nip_core.run.tracking import log_evaluation, open_tracker
+from nip_core.run.run_folder import ConfigError
+from nip_core.run.tracking import log_evaluation
 from tasks.evaluate import evaluate_task
 
 
@@ -54,28 +51,11 @@ def evaluate_flow(
         raise ConfigError(f"split must be one of {SPLITS}, got {split!r}")
     hp = resolve_hyper_params(config, all_overrides(settings, overrides))
     root = artifacts_root or default_root()
-    with lock_run_folder(RunPaths.open(root, run_name)):  # never beside a training run's writes
-        return evaluate_locked(hp, root, run_name, iteration, split, use_wandb)
-
-
-def evaluate_locked(
-    hp: HyperParameters, root: str, run_name: str, iteration: int, split: str, use_wandb: bool
-) -> dict:
-    """The evaluation itself; the caller holds the run-folder lock."""
-    paths = prepare_run(hp, root, run_name)
-    require_previous_models(paths, iteration)
-    context = build_context(hp, run_name, iteration, previous_group_models(paths, iteration))
-    server = ensure_lm_server(paths, context)
-    try:
-        metrics = evaluate_task(paths, context, split)
-    finally:
-        if server is not None:
-            server.stop()
-    tracker = open_tracker(paths, hp, run_name, use_wandb)
-    try:
-        log_evaluation(tracker, metrics, iteration)
-    finally:
-        tracker.finish()
+    require_previous_models(RunPaths.open(root, run_name), iteration)  # before a server starts
+    with open_run(hp, root, run_name) as run:  # never beside a training run's writes
+        metrics = evaluate_task(run.paths, run.context(iteration), split)
+        with run.tracking(use_wandb) as tracker:
+            log_evaluation(tracker, metrics, iteration)
     print(f"iteration {iteration} {format_metrics(metrics)}")
     return metrics
 

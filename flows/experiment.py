@@ -37,7 +37,7 @@ import pandas as pd
 import yaml
 from prefect import flow
 
-from flows.cli import RunSettings, all_overrides, run_command, run_folder_arguments
+from flows.cli import RunSettings, all_overrides, open_run, run_command, run_folder_arguments
 from flows.pipeline import iteration_subflow
 from nip_core.experiment.config import (
     BASE_RUN,
@@ -51,13 +51,12 @@ from nip_core.experiment.config import (
     with_seed,
 )
 from nip_core.experiment.report import summary_text
-from nip_core.lm_server.launch import ensure_lm_server
 from nip_core.parameters import HyperParameters
 from nip_core.parameters.loading import apply_overrides, read_params_file
 from nip_core.run.artifacts import RunPaths, default_root
 from nip_core.run.iteration_context import build_context
 from nip_core.run.lock import lock_run_folder
-from nip_core.run.run_folder import ConfigError, check_writable, prepare_run
+from nip_core.run.run_folder import ConfigError, check_writable
 from nip_core.run.tracking import open_tracker
 from tasks.experiment import (
     SeedResult,
@@ -127,17 +126,16 @@ def run_seed(spec: Experiment, seed: int, experiment_root: str, use_wandb: bool)
     """The base evaluation and every arm for one seed; (experiment rows, training, timings)."""
     split, iterations = spec.settings.evaluation_split, spec.settings.iterations
     seed_root = f"{experiment_root}/seeds/{seed}"
-    base = with_seed(spec.base, seed)
-    base_paths = prepare_run(base, seed_root, BASE_RUN)
-    evaluate_iteration(base_paths, base, BASE_RUN, 0, split)
+    base, arms_root = with_seed(spec.base, seed), f"{seed_root}/arms"
     arm_paths = {}
-    arms_root = f"{seed_root}/arms"
-    for arm, arm_hp in spec.arms.items():
-        hp = with_seed(arm_hp, seed)
-        paths = arm_paths[arm] = RunPaths.open(arms_root, arm)
-        with lock_run_folder(paths):
-            prepare_run(hp, arms_root, arm)
-            run_arm(paths, hp, arm, spec.settings, use_wandb)
+    with open_run(base, seed_root, BASE_RUN) as opened:  # and the server, if needed
+        base_paths = opened.paths
+        evaluate_iteration(base_paths, base, BASE_RUN, 0, split)
+        for arm, arm_hp in spec.arms.items():
+            hp = with_seed(arm_hp, seed)
+            paths = arm_paths[arm] = RunPaths.open(arms_root, arm)
+            with open_run(hp, arms_root, arm):
+                run_arm(paths, hp, arm, spec.settings, use_wandb)
     base_rows = evaluation_rows(base_paths, BASE_RUN, 0, split, seed)
     frames = [base_rows, reference_arm_rows(base, base_rows, split)] + [
         evaluation_rows(paths, arm, it, split, seed)
@@ -165,24 +163,14 @@ def experiment_flow(
     seeds = seed_list(spec.settings, spec.base.seed)
     results: dict[int, SeedResult] = {}
     with lock_run_folder(experiment_paths):
-        server = None
-        try:
-            for seed in seeds:
-                done = finished_seed(experiment_paths, seed)
-                if done is None:
-                    if server is None:
-                        paths = prepare_run(spec.base, f"{experiment_root}/seeds/{seed}", BASE_RUN)
-                        server = (
-                            ensure_lm_server(paths, build_context(spec.base, BASE_RUN, 0)) or False
-                        )
-                    done = run_seed(spec, seed, experiment_root, use_wandb)
-                    record_seed(experiment_paths, seed, done)
-                else:
-                    print(f"seed {seed}: finished earlier, reusing its rows")
-                results[seed] = done
-        finally:
-            if server:
-                server.stop()
+        for seed in seeds:
+            done = finished_seed(experiment_paths, seed)
+            if done is None:
+                done = run_seed(spec, seed, experiment_root, use_wandb)
+                record_seed(experiment_paths, seed, done)
+            else:
+                print(f"seed {seed}: finished earlier, reusing its rows")
+            results[seed] = done
         summary = write_outputs_task(
             experiment_paths,
             [rows for rows, _, _ in results.values()],

@@ -24,16 +24,15 @@ from flows.cli import (
     add_iteration_argument,
     all_overrides,
     checked_run_arguments,
+    open_run,
     resolve_hyper_params,
     run_command,
     run_folder_arguments,
 )
 from flows.pipeline import format_summary, run_iteration
-from nip_core.run.artifacts import RunPaths, default_root
 from nip_core.run.iteration_context import build_context
-from nip_core.run.lock import clear_stale_lock, lock_run_folder
-from nip_core.run.run_folder import finished_iteration_stats, prepare_run, previous_group_models
-from nip_core.run.tracking import open_tracker
+from nip_core.run.lock import clear_stale_lock
+from nip_core.run.run_folder import finished_iteration_stats
 
 
 @flow(name="malt-iteration", log_prints=True)
@@ -50,21 +49,10 @@ def malt_iteration(
 ) -> dict:
     """Run (or resume) one iteration and return its summary statistics."""
     hp = resolve_hyper_params(config, all_overrides(settings, overrides))
-    root = artifacts_root or default_root()
-    with lock_run_folder(RunPaths.open(root, run_name)):  # one writer per run folder
-        paths = prepare_run(hp, root, run_name)
-        context = build_context(hp, run_name, iteration, previous_group_models(paths, iteration))
-        tracker = open_tracker(paths, hp, run_name, use_wandb)
-        try:
-            return run_iteration(
-                paths,
-                context,
-                tracker,
-                task_runner=task_runner,
-                task_runner_address=task_runner_address,
-            )
-        finally:
-            tracker.finish()
+    runner = {"task_runner": task_runner, "task_runner_address": task_runner_address}
+    with open_run(hp, artifacts_root, run_name, **runner) as run:  # one writer per run folder
+        with run.tracking(use_wandb) as tracker:
+            return run_iteration(run, iteration, tracker)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

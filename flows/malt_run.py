@@ -20,18 +20,16 @@ from flows.cli import (
     TaskRunnerKind,
     all_overrides,
     checked_run_arguments,
+    open_run,
     resolve_hyper_params,
     run_command,
     run_folder_arguments,
 )
 from flows.pipeline import run_iteration
-from nip_core.lm_server.launch import ensure_lm_server
 from nip_core.parameters import HyperParameters
-from nip_core.run.artifacts import RunPaths, default_root
-from nip_core.run.iteration_context import build_context
-from nip_core.run.lock import clear_stale_lock, lock_run_folder
-from nip_core.run.run_folder import finished_iteration_stats, prepare_run, previous_group_models
-from nip_core.run.tracking import open_tracker
+from nip_core.run.artifacts import RunPaths
+from nip_core.run.lock import clear_stale_lock
+from nip_core.run.run_folder import finished_iteration_stats
 
 
 @flow(name="malt-run", log_prints=True)
@@ -47,45 +45,16 @@ def malt_run(
 ) -> list[dict]:
     """Run (or resume) every iteration of a run; returns each iteration's statistics."""
     hp = resolve_hyper_params(config, all_overrides(settings, overrides))
-    root = artifacts_root or default_root()
-    with lock_run_folder(RunPaths.open(root, run_name)):  # once for the whole run
-        runner = {"task_runner": task_runner, "task_runner_address": task_runner_address}
-        return run_all_iterations(hp, root, run_name, use_wandb, **runner)
-
-
-def run_all_iterations(
-    hp: HyperParameters,
-    root: str,
-    run_name: str,
-    use_wandb: bool = True,
-    task_runner: TaskRunnerKind = "thread",
-    task_runner_address: str | None = None,
-) -> list[dict]:
-    """Every iteration in order; the caller holds the run-folder lock."""
-    paths = prepare_run(hp, root, run_name)
-    server = ensure_lm_server(paths, build_context(hp, run_name, 0))
-    tracker = open_tracker(paths, hp, run_name, use_wandb)
-    try:
-        results = []
-        for iteration in range(hp.rl.num_iterations):
-            context = build_context(
-                hp, run_name, iteration, previous_group_models(paths, iteration)
-            )
-            stats = run_iteration(  # a subflow: one flow run per iteration in the UI
-                paths,
-                context,
-                tracker,
-                task_runner=task_runner,
-                task_runner_address=task_runner_address,
-                as_subflow=True,
-            )
-            print(f"iteration {iteration}: verifier accuracy {stats['verifier']['accuracy']}")
-            results.append(stats)
-        return results
-    finally:
-        tracker.finish()
-        if server is not None:
-            server.stop()
+    runner = {"task_runner": task_runner, "task_runner_address": task_runner_address}
+    with open_run(hp, artifacts_root, run_name, **runner) as run:  # once for the whole run
+        with run.tracking(use_wandb) as tracker:
+            results = []
+            for iteration in range(hp.rl.num_iterations):
+                # A subflow: one flow run per iteration in the UI.
+                stats = run_iteration(run, iteration, tracker, as_subflow=True)
+                print(f"iteration {iteration}: verifier accuracy {stats['verifier']['accuracy']}")
+                results.append(stats)
+            return results
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -13,8 +13,7 @@ from typing import Any
 
 from prefect import flow
 
-from flows.cli import TaskRunnerKind, make_task_runner
-from nip_core.lm_server.launch import ensure_lm_server
+from flows.cli import OpenRun, make_task_runner
 from nip_core.malt.evaluation import format_metrics, should_evaluate
 from nip_core.run.artifacts import RunPaths, read_json
 from nip_core.run.iteration_context import IterationContext
@@ -43,33 +42,29 @@ def run_iteration_stages(
     tracker: Tracker | None = None,
     distributed: bool = False,
 ) -> dict:
-    """All stages of one iteration; the caller holds the run-folder lock. `distributed`: grow
-    the rollout shards as tasks of the flow's task runner (Dask, Ray) first."""
-    server = ensure_lm_server(paths, context)
-    try:
-        select_batch_task(paths, context)
-        if distributed:
-            grow_shards_on_task_runner(paths, context)
-        generate_rollouts_task(paths, context)
-        estimate_rewards_task(paths, context)
-        if not context.is_ei_iteration:
-            select_pairs_task(paths, context)
-        export_datasets_task(paths, context)
-        stats = summarise_iteration_task(paths, context)
-        hp = context.hyper_params
-        if should_evaluate(hp.text_rl.test_scheme, context.iteration, hp.rl.num_iterations):
-            shards = evaluate_shards_on_task_runner(paths, context) if distributed else None
-            stats["eval"] = evaluate_task(paths, context, shard_files=shards)
-        if tracker is not None:
-            log_iteration(tracker, stats, context.iteration)
-        fine_tune_task(paths, context)
-        candidates = switch_model_task(paths, context)
-        stats["models_after"] = switch_guard_task(paths, context, candidates)
-        publish_summary_task(paths, context, stats)
-        return stats
-    finally:
-        if server is not None:
-            server.stop()
+    """All stages of one iteration; the caller holds the run folder (`flows.cli.open_run`: the
+    lock, and the self-hosted server when the run needs one). `distributed`: grow the rollout
+    shards as tasks of the flow's task runner (Dask, Ray) first."""
+    select_batch_task(paths, context)
+    if distributed:
+        grow_shards_on_task_runner(paths, context)
+    generate_rollouts_task(paths, context)
+    estimate_rewards_task(paths, context)
+    if not context.is_ei_iteration:
+        select_pairs_task(paths, context)
+    export_datasets_task(paths, context)
+    stats = summarise_iteration_task(paths, context)
+    hp = context.hyper_params
+    if should_evaluate(hp.text_rl.test_scheme, context.iteration, hp.rl.num_iterations):
+        shards = evaluate_shards_on_task_runner(paths, context) if distributed else None
+        stats["eval"] = evaluate_task(paths, context, shard_files=shards)
+    if tracker is not None:
+        log_iteration(tracker, stats, context.iteration)
+    fine_tune_task(paths, context)
+    candidates = switch_model_task(paths, context)
+    stats["models_after"] = switch_guard_task(paths, context, candidates)
+    publish_summary_task(paths, context, stats)
+    return stats
 
 
 def evaluate_shards_on_task_runner(
@@ -106,23 +101,19 @@ def iteration_subflow(
 
 
 def run_iteration(
-    paths: RunPaths,
-    context: IterationContext,
-    tracker: Tracker | None = None,
-    *,
-    task_runner: TaskRunnerKind = "thread",
-    task_runner_address: str | None = None,
-    as_subflow: bool = False,
+    run: OpenRun, iteration: int, tracker: Tracker | None = None, *, as_subflow: bool = False
 ) -> dict:
-    """One iteration: in this flow run (the default), or as a subflow whose task runner grows
-    the rollout shards (`task_runner` "dask" or "ray")."""
-    if task_runner == "thread" and not as_subflow:
-        return run_iteration_stages(paths, context, tracker)
+    """One iteration of an open run: in this flow run (the default), or as a subflow whose task
+    runner grows the rollout shards (the run's `task_runner` "dask" or "ray")."""
+    context = run.context(iteration)
+    distributed = run.task_runner != "thread"
+    if not distributed and not as_subflow:
+        return run_iteration_stages(run.paths, context, tracker)
     subflow = iteration_subflow
-    if task_runner != "thread":
-        runner = make_task_runner(task_runner, task_runner_address)
+    if distributed:
+        runner = make_task_runner(run.task_runner, run.task_runner_address)
         subflow = iteration_subflow.with_options(task_runner=runner)
-    return subflow(paths, context, tracker, task_runner != "thread")
+    return subflow(run.paths, context, tracker, distributed)
 
 
 def format_summary(paths: RunPaths, context: IterationContext, stats: dict) -> str:

@@ -16,6 +16,7 @@ import sys
 from nip_core.report.html import build_report
 from nip_core.report.run_reader import open_run
 from nip_core.run.artifacts import ArtifactError, write_bytes
+from nip_core.run.iteration_files import REPORT_FILE
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -41,8 +42,9 @@ def write_report(
     run = open_run(run_path)
     page = build_report(run, trees=trees, iteration=iteration)
     if out is None:
-        write_bytes(run.paths.fs, f"{run.paths.run_dir}/report.html", page.encode("utf-8"))
-        return f"{run.paths.run_dir}/report.html"
+        path = f"{run.paths.run_dir}/{REPORT_FILE}"
+        write_bytes(run.paths.fs, path, page.encode("utf-8"))
+        return path
     import fsspec
 
     fs, path = fsspec.core.url_to_fs(out)

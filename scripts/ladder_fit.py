@@ -24,13 +24,13 @@ import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 from nip_core.agents import chat_messages  # noqa: E402
-from nip_core.agents.chat_format import fold_speaker_names  # noqa: E402
 from nip_core.data.loaders import datapoints  # noqa: E402
 from nip_core.data.splits import load_split  # noqa: E402
 from nip_core.lm_server import training  # noqa: E402
 from nip_core.lm_server.embedded_model import embedded_model_path  # noqa: E402
 from nip_core.lm_server.options import TrainingOptions  # noqa: E402
 from nip_core.malt.batching import iteration_positions  # noqa: E402
+from nip_core.model_api.chat_format import fold_speaker_names  # noqa: E402
 from nip_core.parameters import HyperParameters  # noqa: E402
 from nip_core.parameters.loading import read_params_file  # noqa: E402
 from nip_core.protocols.build import make_protocol  # noqa: E402

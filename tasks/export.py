@@ -14,7 +14,13 @@ from nip_core.malt import dataset_export as export
 from nip_core.malt.rollout_tree import batch_items
 from nip_core.run.artifacts import RunPaths, jsonl_bytes, read_parquet, write_bytes, write_parquet
 from nip_core.run.iteration_context import IterationContext
-from nip_core.run.iteration_files import BATCH_FILE, NODES_FILE, PAIRS_FILE, REWARDS_FILE
+from nip_core.run.iteration_files import (
+    BATCH_FILE,
+    NODES_FILE,
+    PAIRS_FILE,
+    REWARDS_FILE,
+    dataset_file,
+)
 from nip_core.run.stages import run_stage
 
 
@@ -55,18 +61,16 @@ def export_datasets(paths: RunPaths, context: IterationContext) -> dict:
                 if not context.agent_params[agents[0]].shuffle_training_data:
                     rows = export.alternate_verdicts(rows, "chosen")
                 table, jsonl = export.dpo_table(rows), export.dpo_openai_jsonl(rows)
-            base = f"datasets/{kind}/{group}"
-            files[f"{base}.parquet"] = write_parquet(
-                paths.fs, paths.iteration_file(it, f"{base}.parquet"), table
-            )
-            files[f"{base}.jsonl"] = write_bytes(
-                paths.fs, paths.iteration_file(it, f"{base}.jsonl"), jsonl_bytes(jsonl)
+            parquet, openai_jsonl = (dataset_file(kind, group, s) for s in ("parquet", "jsonl"))
+            files[parquet] = write_parquet(paths.fs, paths.iteration_file(it, parquet), table)
+            files[openai_jsonl] = write_bytes(
+                paths.fs, paths.iteration_file(it, openai_jsonl), jsonl_bytes(jsonl)
             )
             info[group] = {
                 "kind": kind,
                 "rows": table.num_rows,
-                "parquet": f"{base}.parquet",
-                "jsonl": f"{base}.jsonl",
+                "parquet": parquet,
+                "jsonl": openai_jsonl,
             }
         return files, info
 

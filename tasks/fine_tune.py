@@ -12,7 +12,7 @@ from prefect import task
 
 from nip_core.run.artifacts import RunPaths, read_bytes, sha256_bytes
 from nip_core.run.iteration_context import IterationContext
-from nip_core.run.iteration_files import FINE_TUNE_STEPS_FILE
+from nip_core.run.iteration_files import fine_tune_record, fine_tune_steps
 from nip_core.run.stages import run_stage
 from nip_core.training.fine_tune_stage import submit_and_wait, switch_groups
 from tasks import TRANSIENT_RETRY
@@ -24,8 +24,8 @@ def fine_tune(paths: RunPaths, context: IterationContext) -> dict:
 
     def compute():
         info = asyncio.run(submit_and_wait(paths, context))
-        files = {f"fine_tune/{g}.json": digest(f"fine_tune/{g}.json") for g in info}
-        steps = [FINE_TUNE_STEPS_FILE.format(group=g) for g in info]  # jobs with events only
+        files = {fine_tune_record(g): digest(fine_tune_record(g)) for g in info}
+        steps = [fine_tune_steps(g) for g in info]  # jobs that reported steps only
         steps = [s for s in steps if paths.fs.exists(paths.iteration_file(context.iteration, s))]
         return files | {name: digest(name) for name in steps}, info
 

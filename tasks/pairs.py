@@ -30,7 +30,7 @@ def run_pair_selection(paths: RunPaths, context: IterationContext) -> dict:
             pairs_per_parent=malt.pairs_per_parent,
         )
         path = paths.iteration_file(context.iteration, PAIRS_FILE)
-        return {"pairs.parquet": write_parquet(paths.fs, path, table)}, {"pairs": table.num_rows}
+        return {PAIRS_FILE: write_parquet(paths.fs, path, table)}, {"pairs": table.num_rows}
 
     return run_stage(paths, context, "pairs", compute)
 

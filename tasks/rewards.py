@@ -21,7 +21,7 @@ def estimate_rewards(paths: RunPaths, context: IterationContext) -> dict:
             context.hyper_params.pure_text_malt.expected_reward_estimator,
         )
         path = paths.iteration_file(context.iteration, REWARDS_FILE)
-        return {"rewards.parquet": write_parquet(paths.fs, path, table)}, {"rows": table.num_rows}
+        return {REWARDS_FILE: write_parquet(paths.fs, path, table)}, {"rows": table.num_rows}
 
     return run_stage(paths, context, "rewards", compute)
 

@@ -1,4 +1,4 @@
-"""Tests for nip_core.agents.clients: the OpenAI client against real HTTP on 127.0.0.1, the factory.
+"""Tests for nip_core.agents.clients: the chat client against real HTTP on 127.0.0.1, the factory.
 
 The dummy client is tested in test_clients_dummy.py.
 """
@@ -19,22 +19,22 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import httpx
 import pytest
 
 from nip_core.agents.clients import (
     HOSTED_API_TIMEOUT,
     SELF_HOSTED_TIMEOUT,
     ChatClient,
+    DirectHttpChatClient,
     DummyChatClient,
     ModelCallError,
-    OpenAIChatClient,
     SamplingParams,
     _parse_retry_after,
     close_clients,
     make_chat_client,
     request_timeout,
 )
-from nip_core.agents.http_client import DirectHttpChatClient
 from nip_core.agents.retry import is_transient
 from nip_core.parameters import PureTextAgentParameters
 
@@ -88,6 +88,8 @@ class FakeServer:
     delay: float = 0.0
     bodies: list[dict] = field(default_factory=list)
     auth: list[str] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
     active: int = 0
     max_active: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -109,6 +111,8 @@ def fake_server(protocol_version: str) -> Iterator[FakeServer]:
                 index = len(state.bodies)
                 state.bodies.append(body)
                 state.auth.append(self.headers.get("Authorization", ""))
+                state.headers.append(dict(self.headers))
+                state.paths.append(self.path)
                 state.active += 1
                 state.max_active = max(state.max_active, state.active)
             try:
@@ -154,32 +158,22 @@ def server() -> Iterator[FakeServer]:
 
 
 @pytest.fixture
-def key_env(monkeypatch: pytest.MonkeyPatch, client_class: type) -> str:
+def key_env(monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv(KEY_ENV, SECRET)
     return KEY_ENV
 
 
-CLIENT_CLASS: dict[int, type] = {0: OpenAIChatClient}
-
-
-@pytest.fixture(params=[OpenAIChatClient, DirectHttpChatClient], ids=["sdk", "direct-http"])
-def client_class(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> type:
-    """Every HTTP test runs against both request paths: the SDK's and the direct one."""
-    monkeypatch.setitem(CLIENT_CLASS, 0, request.param)
-    return request.param
-
-
-def fast_client(url: str, key: str | None, **kw: object) -> OpenAIChatClient:
+def fast_client(url: str, key: str | None, **kw: object) -> DirectHttpChatClient:
     settings = {"max_retries": 3, "backoff_base": 0.001, "backoff_max": 0.01, "timeout": 5.0}
     settings.update(kw)
-    return CLIENT_CLASS[0](url, key, **settings)  # type: ignore[arg-type]
+    return DirectHttpChatClient(url, key, **settings)  # type: ignore[arg-type]
 
 
 def error(status: int, message: str = "nope", headers: dict | None = None) -> Reply:
     return status, headers or {}, {"error": {"message": message, "type": "x", "code": status}}
 
 
-# ---------------------------------------------------------------- OpenAIChatClient over HTTP
+# ---------------------------------------------------------------- DirectHttpChatClient over HTTP
 
 
 def test_rate_limit_is_retried_honouring_retry_after(server: FakeServer, key_env: str) -> None:
@@ -395,8 +389,8 @@ def test_secret_never_leaks(
 def test_missing_key_env_and_bad_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NIP_TEST_ABSENT_KEY", raising=False)
     with pytest.raises(ValueError, match="NIP_TEST_ABSENT_KEY"):
-        OpenAIChatClient(None, "NIP_TEST_ABSENT_KEY")
-    client = OpenAIChatClient("http://127.0.0.1:9/v1", None)
+        DirectHttpChatClient(None, "NIP_TEST_ABSENT_KEY")
+    client = DirectHttpChatClient("http://127.0.0.1:9/v1", None)
     with pytest.raises(ValueError, match="n must be"):
         asyncio.run(client.complete(MSGS, "m", 0, SamplingParams()))
     with pytest.raises(ValueError, match=r"messages\[0\]"):
@@ -407,7 +401,7 @@ def test_missing_key_env_and_bad_arguments(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_client_survives_a_new_event_loop(server: FakeServer, key_env: str) -> None:
     client = fast_client(server.url, key_env, max_concurrency=2)
-    for _ in range(2):  # asyncio.run twice: SDK client and semaphore are rebound
+    for _ in range(2):  # asyncio.run twice: connection pools and semaphore are rebound
         assert asyncio.run(client.complete(MSGS, "m", 1, SamplingParams())) == ["text 0 of 1"]
 
 
@@ -415,14 +409,16 @@ def test_client_survives_a_new_event_loop(server: FakeServer, key_env: str) -> N
 def test_clients_closed_in_their_loop_leave_no_tracebacks_later(
     closed: bool, key_env: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """An open SDK client collected while a later loop runs logs "Event loop is closed"."""
+    """A client collected while a later loop runs logs no "Event loop is closed" traceback,
+    closed in its loop or not (the SDK's client, left open, did); closing empties its pools."""
     with fake_server("HTTP/1.1") as keep_alive:  # a pooled connection stays open
-        client = OpenAIChatClient(keep_alive.url, key_env, timeout=5.0)  # the SDK's path
+        client = DirectHttpChatClient(keep_alive.url, key_env, timeout=5.0)
 
         async def use() -> None:
             await client.complete(MSGS, "m", 1, SamplingParams())
             if closed:
                 await close_clients([client, client])  # duplicates are closed once
+                assert client._pools == []
 
         asyncio.run(use())
 
@@ -436,7 +432,7 @@ def test_clients_closed_in_their_loop_leave_no_tracebacks_later(
             asyncio.run(later_stage())
             gc.collect()
     logged = "\n".join(r.getMessage() + str(r.exc_info) for r in caplog.records)
-    assert ("Event loop is closed" in logged) is not closed
+    assert "Event loop is closed" not in logged
 
 
 def test_retry_after_forms() -> None:
@@ -477,6 +473,34 @@ def test_factory_picks_provider(monkeypatch: pytest.MonkeyPatch) -> None:
     assert all(isinstance(c, ChatClient) for c in (openai_client, router, local))
 
 
+def test_hosted_providers_chat_over_the_direct_client_with_the_sdks_headers(
+    server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OpenAI (and OpenRouter) chat goes through `DirectHttpChatClient` like our server's: to
+    $OPENAI_BASE_URL when set, with the key and the account headers the SDK would send."""
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    monkeypatch.setenv("OPENAI_BASE_URL", server.url)
+    monkeypatch.setenv("OPENAI_ORG_ID", "org-1")
+    monkeypatch.setenv("OPENAI_PROJECT_ID", "proj-1")
+    client = make_chat_client({"model_provider": "OpenAI"})
+    assert isinstance(client, DirectHttpChatClient) and client.url == server.url
+    assert asyncio.run(client.complete(MSGS, "gpt-x", 2, SamplingParams())) == [
+        "text 0 of 2",
+        "text 1 of 2",
+    ]
+    headers = {k.lower(): v for k, v in server.headers[0].items()}
+    assert headers["authorization"] == f"Bearer {SECRET}"
+    assert (headers["openai-organization"], headers["openai-project"]) == ("org-1", "proj-1")
+    assert headers["content-type"] == "application/json"
+    assert server.paths == ["/v1/chat/completions"]
+    monkeypatch.delenv("OPENAI_BASE_URL")
+    assert make_chat_client({"model_provider": "OpenAI"}).url == "https://api.openai.com/v1"
+    monkeypatch.setenv("OPENROUTER_API_KEY", SECRET)
+    router = make_chat_client({"model_provider": "OpenRouter"})
+    assert isinstance(router, DirectHttpChatClient)
+    assert router.url == "https://openrouter.ai/api/v1"
+
+
 def test_request_timeout_is_an_agent_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     monkeypatch.setenv("OPENROUTER_API_KEY", SECRET)
@@ -490,13 +514,14 @@ def test_request_timeout_is_an_agent_setting(monkeypatch: pytest.MonkeyPatch) ->
         client = make_chat_client(params)
         assert client.timeout == 30.0 and request_timeout(params) == 30.0
 
-        async def sdk_timeout(client: OpenAIChatClient = client) -> object:
-            sdk, _ = client._bind()
-            timeout = sdk.timeout
+        async def pool_timeout(client: DirectHttpChatClient = client) -> object:
+            client._bind_loop()
+            http, _ = client._pick_pool()
+            timeout = http.timeout
             await client.aclose()
             return timeout
 
-        assert asyncio.run(sdk_timeout()) == 30.0  # what the SDK client is built with
+        assert asyncio.run(pool_timeout()) == httpx.Timeout(30.0)  # what the pools are built with
     assert request_timeout({"model_provider": "SelfHosted", "request_timeout_seconds": 2.5}) == 2.5
     for bad in (0, -1.0, float("inf"), "30", True):
         with pytest.raises(ValueError, match="request_timeout_seconds"):
@@ -508,7 +533,7 @@ def test_request_timeout_is_an_agent_setting(monkeypatch: pytest.MonkeyPatch) ->
 def test_request_timeout_setting_times_out_a_slow_server(server: FakeServer, key_env: str) -> None:
     server.delay = 1.0
     params = {"model_provider": "SelfHosted", "request_timeout_seconds": 0.2}
-    client = OpenAIChatClient(
+    client = DirectHttpChatClient(
         server.url, key_env, timeout=request_timeout(params), max_retries=0, backoff_base=0.0
     )
     start = time.perf_counter()

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from nip_core.agents import DummyChatClient, training_conversation
-from nip_core.agents.chat_format import fold_speaker_names, openai_messages
 from nip_core.episode import Datapoint
 from nip_core.malt import dataset_export as export
 from nip_core.malt import schemas
 from nip_core.malt.rollout_tree import BatchItem, grow_trees, history, turns_by_node
 from nip_core.malt.tree_values import pairs_table, rewards_table
+from nip_core.model_api.chat_format import fold_speaker_names, openai_messages
 from nip_core.parameters import HyperParameters, apply_overrides
 from nip_core.parameters.trainers import PureTextEiParameters, TextRlParameters
 from nip_core.run.iteration_context import build_context

@@ -101,10 +101,50 @@ def test_no_import_cycles():
     assert import_cycles(graph) == []
 
 
+def nip_core_imports(package: str) -> dict[str, set[str]]:
+    """Module of `nip_core.<package>` -> the other `nip_core` packages (or top-level modules)
+    it imports, e.g. {"nip_core.agents", "nip_core"}."""
+    modules = project_modules()
+    prefix = f"nip_core.{package}"
+    found = {}
+    for name, path in modules.items():
+        if name == prefix or name.startswith(prefix + "."):
+            imported = {".".join(m.split(".")[:2]) for m in imported_modules(path, set(modules))}
+            found[name] = {m for m in imported if m.startswith("nip_core") and m != prefix}
+    return found
+
+
+def test_package_imports_are_found():
+    assert nip_core_imports("lm_server")["nip_core.lm_server.engines.dummy"] == {
+        "nip_core.model_api"
+    }
+    assert nip_core_imports("agents")["nip_core.agents.dummy_client"] >= {"nip_core.model_api"}
+
+
+def test_the_language_model_server_stands_alone():
+    """The server is a product of its own (a separate process, its own CLI): it imports neither
+    the agents (its clients) nor the run package (the pipeline's folders), only what both
+    sides of the API share (`model_api`) and the pure `seeding` helpers."""
+    allowed = {"nip_core", "nip_core.model_api", "nip_core.seeding"}
+    for name, imported in nip_core_imports("lm_server").items():
+        assert imported <= allowed, f"{name} imports {imported - allowed}"
+
+
+def test_the_shared_model_api_and_the_parameters_sit_at_the_bottom():
+    """`model_api` lies below both the clients and the server; the configuration API imports
+    nothing above it (training imports parameters, so the arrow must never run back up)."""
+    for name, imported in nip_core_imports("model_api").items():
+        assert not imported, f"{name} imports {imported}"
+    allowed = {"nip_core", "nip_core.model_api"}
+    for name, imported in nip_core_imports("parameters").items():
+        assert imported <= allowed, f"{name} imports {imported - allowed}"
+
+
 def test_flows_share_only_the_cli_and_the_pipeline():
     """Entry-point flows are not a library: they import flows.cli / flows.pipeline only (the
-    `serve` command, which registers the flows as deployments, is the one exception)."""
-    shared = {"flows", "flows.cli", "flows.pipeline", "flows.prefect_defaults"}
+    `serve` command, which registers the flows as deployments, is the one exception);
+    flows.cli starts the self-hosted server through flows.lm_server."""
+    shared = {"flows", "flows.cli", "flows.pipeline", "flows.prefect_defaults", "flows.lm_server"}
     modules = project_modules()
     for name, path in modules.items():
         if not name.startswith("flows.") or name == "flows.serve":

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nip_core.agents.chat_format import fold_speaker_names
 from nip_core.lm_server.app import _chat_request
 from nip_core.lm_server.datasets import DatasetError, parse_dataset
 from nip_core.lm_server.options import OptionsError, TrainingOptions, parse_options
+from nip_core.model_api.chat_format import fold_speaker_names
 
 MSG = {"role": "user", "content": "q"}
 ANSWER = {"role": "assistant", "content": "a"}

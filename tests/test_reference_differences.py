@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from nip_core.lm_server import launch
+from flows import lm_server
 from nip_core.parameters import HyperParameters, PureTextAgentParameters
 from nip_core.parameters.loading import apply_overrides
 from nip_core.report import open_run
@@ -58,12 +58,12 @@ def test_the_vllm_engine_gets_the_agents_vllm_server_port(tmp_path, monkeypatch)
         commands.append(command)
         raise OSError("not starting anything in a test")
 
-    monkeypatch.setenv(launch.ENGINE_ENV, "vllm")
-    monkeypatch.setattr(launch, "is_up", lambda url: False)
+    monkeypatch.setenv(lm_server.ENGINE_ENV, "vllm")
+    monkeypatch.setattr(lm_server, "is_up", lambda url: False)
     monkeypatch.setattr(subprocess, "Popen", fake_popen)
     context = build_context(hp, "r", 0)
     with pytest.raises(OSError):
-        launch.ensure_lm_server(RunPaths.open(str(tmp_path), "r"), context)
+        lm_server.ensure_lm_server(RunPaths.open(str(tmp_path), "r"), context)
     (command,) = commands
     assert command[command.index("--vllm-port") + 1] == "8123"
     assert command[command.index("--port") + 1] == "5999"
@@ -93,7 +93,7 @@ def test_gpu_settings_reach_the_vllm_and_training_command_lines(tmp_path, monkey
             "agents._default.training_deepspeed_config=zero2.json",
         ],
     )
-    flags = launch.server_options(build_context(hp, "r", 0), "vllm")
+    flags = lm_server.server_options(build_context(hp, "r", 0), "vllm")
     server_args = _parse(["--engine", "vllm", *flags])
     argv = vllm_command(VllmServeConfig(model="m", **vllm_options(server_args)))
     pairs = dict(zip(argv, argv[1:], strict=False))
@@ -120,12 +120,12 @@ def test_the_server_engine_comes_from_the_config_and_the_environment_wins(monkey
             HyperParameters.construct_test_params(),
             ["agents._default.model_provider=SelfHosted", *overrides],
         )
-        return launch.server_engine(build_context(hp, "r", 0))
+        return lm_server.server_engine(build_context(hp, "r", 0))
 
-    monkeypatch.delenv(launch.ENGINE_ENV, raising=False)
+    monkeypatch.delenv(lm_server.ENGINE_ENV, raising=False)
     assert engine() == "transformers"
     assert engine("agents._default.language_model_server_engine=vllm") == "vllm"
-    monkeypatch.setenv(launch.ENGINE_ENV, "dummy")
+    monkeypatch.setenv(lm_server.ENGINE_ENV, "dummy")
     assert engine("agents._default.language_model_server_engine=vllm") == "dummy"
     with pytest.raises(ValueError, match="language_model_server_engine"):
         engine("agents._default.language_model_server_engine=tgi")

@@ -8,8 +8,8 @@ responses = await generate_responses(
 
 from nip_core.agents.clients import (
     ChatClient,
+    DirectHttpChatClient,
     DummyChatClient,
-    OpenAIChatClient,
     SamplingParams,
     make_chat_client,
 )
@@ -37,9 +37,9 @@ __all__ = [
     "TEMPLATE_DIR",
     "AgentResponse",
     "ChatClient",
+    "DirectHttpChatClient",
     "DummyChatClient",
     "InvalidResponse",
-    "OpenAIChatClient",
     "ParsedResponse",
     "SamplingParams",
     "attempt_seed",

@@ -24,7 +24,6 @@ from nip_core.agents.chat_client import (
 )
 from nip_core.agents.dummy_client import DummyChatClient
 from nip_core.agents.http_client import DirectHttpChatClient
-from nip_core.agents.openai_client import OpenAIChatClient
 from nip_core.agents.replica_client import ReplicaChatClient
 from nip_core.agents.retry import parse_retry_after as _parse_retry_after
 from nip_core.parameters.agents import PureTextAgentParameters
@@ -34,9 +33,9 @@ __all__ = [
     "PROVIDERS",
     "SELF_HOSTED_TIMEOUT",
     "ChatClient",
+    "DirectHttpChatClient",
     "DummyChatClient",
     "ModelCallError",
-    "OpenAIChatClient",
     "Provider",
     "SamplingParams",
     "_parse_retry_after",
@@ -64,14 +63,13 @@ class Provider:
     """What one `model_provider` value means to the pipeline."""
 
     name: str
-    base_url: str | None  # None: the SDK's default (api.openai.com); self-hosted: built per agent
+    base_url: str | None  # None: $OPENAI_BASE_URL, else api.openai.com; self-hosted: per agent
     key_env: str | None  # environment variable holding the API key
     key_required: bool  # fine-tuning refuses to start without the key
     request_timeout: float  # default seconds per request
     min_training_examples: int
     sends_lora_options: bool  # our server's `nip_training` extension and batch size
     self_hosted: bool  # a server we start, health-check and version-check ourselves
-    direct_http: bool = False  # chat JSON posted by httpx, without the SDK's request building
 
 
 PROVIDERS: dict[str, Provider] = {
@@ -85,7 +83,7 @@ PROVIDERS: dict[str, Provider] = {
     ),
     "SelfHosted": Provider(
         "SelfHosted", None, SELF_HOSTED_TOKEN_ENV, False, SELF_HOSTED_TIMEOUT, 1,
-        sends_lora_options=True, self_hosted=True, direct_http=True,
+        sends_lora_options=True, self_hosted=True,
     ),
 }  # fmt: skip
 
@@ -142,6 +140,8 @@ def make_chat_client(
     Reads `use_dummy_api`, `model_provider` (a key of `PROVIDERS`), `request_timeout_seconds`
     (see `request_timeout`) and, for self-hosting, `language_model_server_scheme_host` /
     `language_model_server_port`. Callers cache clients per endpoint; this always builds one.
+    Chat goes through `DirectHttpChatClient` for every provider (one per replica in
+    `model_server_replicas`); the `openai` SDK serves only files and fine-tuning jobs.
     """
     if _param(agent_params, "use_dummy_api", False):
         # Test knobs: a simulated latency and a call log shared across processes.
@@ -152,18 +152,15 @@ def make_chat_client(
         return client
     base_url, key_env = api_endpoint(agent_params)
     timeout = request_timeout(agent_params)
-    client_class = (
-        DirectHttpChatClient if provider_of(agent_params).direct_http else OpenAIChatClient
-    )
     replicas = _param(agent_params, "model_server_replicas", None)
     if replicas:  # fail over at once: the replica client retries elsewhere
         return ReplicaChatClient(
             [
-                client_class(
+                DirectHttpChatClient(
                     url.rstrip("/"), key_env, max_concurrency=max_concurrency, timeout=timeout,
                     max_retries=0,
                 )
                 for url in replicas
             ]
         )  # fmt: skip
-    return client_class(base_url, key_env, max_concurrency=max_concurrency, timeout=timeout)
+    return DirectHttpChatClient(base_url, key_env, max_concurrency=max_concurrency, timeout=timeout)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from nip_core.agents.chat_client import SamplingParams, check_request, request_digest
-from nip_core.agents.dummy_player import dummy_reply
+from nip_core.model_api.dummy_player import dummy_reply
 
 
 class DummyChatClient:

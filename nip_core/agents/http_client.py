@@ -1,51 +1,147 @@
-"""A lighter request path for servers we know speak OpenAI's chat JSON (ours, vLLM).
+"""`DirectHttpChatClient`: chat for every OpenAI-compatible endpoint (OpenAI, OpenRouter, our
+server, a vLLM server of one's own), posted by httpx without the `openai` SDK.
 
-`DirectHttpChatClient` behaves exactly like `OpenAIChatClient` (same retries, top-up, error
-classification and reply checks) but posts the JSON itself over one keep-alive
-`httpx.AsyncClient` whose pool matches the concurrency, skipping the SDK's request building,
-which costs a noticeable share of the client's CPU per call at thousands of calls per second.
-The `openai` SDK stays the path for OpenAI and OpenRouter (and for fine-tuning everywhere).
+It sends what the SDK would: the JSON body, `Authorization: Bearer <key>` and, when set,
+`OPENAI_ORG_ID` / `OPENAI_PROJECT_ID` as `OpenAI-Organization` / `OpenAI-Project`; with no base
+URL it goes where the SDK goes (`$OPENAI_BASE_URL`, else https://api.openai.com/v1), following
+redirects. On top: our own retry policy (`RetryPolicy.call`; HTTP 429 is retried, nip §8.21), a
+concurrency bound, the reply checks of `chat_replies`, and fewer-choices-than-`n` top-up.
+Transient failures are retried with back-off; once retries run out they raise
+`ModelCallError(transient=True)`. Skipping the SDK's request building saves most of the
+client's CPU per call at thousands of calls per second. The SDK stays the path for files and
+fine-tuning jobs (`nip_core.training`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
 import ssl
 from typing import Any
 
 import httpx
 
-from nip_core.agents.openai_client import OpenAIChatClient, _TransientError
-from nip_core.agents.retry import is_transient_status, parse_retry_after
+from nip_core.agents.chat_client import ModelCallError, SamplingParams, check_request
+from nip_core.agents.chat_replies import (
+    ProviderError,
+    TransientCallError,
+    error_message,
+    read_reply,
+    request_body,
+)
+from nip_core.agents.retry import RetryPolicy, is_transient_status, parse_retry_after
 
+log = logging.getLogger(__name__)
+
+OPENAI_BASE_URL = "https://api.openai.com/v1"  # the SDK's default, as is its variable below
+BASE_URL_ENV = "OPENAI_BASE_URL"
+# The SDK's optional account headers, read from the same variables.
+ACCOUNT_HEADERS = {"OpenAI-Organization": "OPENAI_ORG_ID", "OpenAI-Project": "OPENAI_PROJECT_ID"}
+_INVALID_CHOICE_RETRIES = 3  # content-filtered / empty answers tolerated per `complete`
 # httpcore's pool bookkeeping scans its connections (and, for idle ones, the whole list again)
 # every time a request starts or ends, so its CPU per request grows with the square of the pool:
 # measured here, one pool of 1,000+ connections spent 10 ms per call on it. Many small pools,
 # each with its own bound, keep that scan short at any concurrency.
 CONNECTIONS_PER_POOL = 8
+_NETWORK_ERRORS = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
+
+Pool = tuple[httpx.AsyncClient, asyncio.Semaphore]
 
 
-class DirectHttpChatClient(OpenAIChatClient):
-    """`OpenAIChatClient` with the request posted by httpx instead of the SDK."""
+def endpoint_url(base_url: str | None) -> str:
+    """Where chat requests go: `base_url`, else `$OPENAI_BASE_URL`, else OpenAI's API."""
+    return (base_url or os.environ.get(BASE_URL_ENV) or OPENAI_BASE_URL).rstrip("/")
 
-    def __init__(self, base_url: str, api_key_env: str | None, **kwargs: Any) -> None:
-        super().__init__(base_url, api_key_env, **kwargs)
-        self._pools: list[tuple[httpx.AsyncClient, asyncio.Semaphore]] = []
+
+class DirectHttpChatClient:
+    """`ChatClient` over httpx, with our own retries and a concurrency bound.
+
+    Counters: `calls` = HTTP requests sent (attempts), `retries` = requests repeated after a
+    transient failure or an unusable answer.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None,
+        api_key_env: str | None,
+        *,
+        max_concurrency: int = 32,
+        timeout: float = 120.0,
+        max_retries: int = 6,
+        backoff_base: float = 0.5,
+        backoff_max: float = 30.0,
+    ) -> None:
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        if max_retries < 0 or timeout <= 0 or backoff_base < 0 or backoff_max < 0:
+            raise ValueError("max_retries, backoff_base, backoff_max must be >= 0, timeout > 0")
+        self.base_url = base_url  # None: the SDK's default (see `endpoint_url`)
+        self.url = endpoint_url(base_url)
+        self.api_key_env = api_key_env
+        self.max_concurrency = max_concurrency
+        self.timeout, self.max_retries = timeout, max_retries
+        self.retry_policy = RetryPolicy(max_retries + 1, backoff_base, backoff_max)
+        self.__key = self._read_key(api_key_env)
+        self.calls = 0
+        self.retries = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._semaphore: asyncio.Semaphore | None = None
+        self._pools: list[Pool] = []
         self._ssl: ssl.SSLContext | None = None
         self._turn = 0
 
-    def _new_pool(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+    @staticmethod
+    def _read_key(api_key_env: str | None) -> str:
+        if api_key_env is None:
+            return "EMPTY"  # servers without auth (vLLM) still want a non-empty key
+        key = os.environ.get(api_key_env)
+        if not key:
+            raise ValueError(f"environment variable {api_key_env} is not set (API key)")
+        return key
+
+    def __repr__(self) -> str:
+        return (
+            f"DirectHttpChatClient(base_url={self.base_url!r}, api_key_env={self.api_key_env!r}, "
+            f"max_concurrency={self.max_concurrency})"
+        )
+
+    __str__ = __repr__
+
+    def __getstate__(self) -> None:
+        raise TypeError("a chat client holds a secret and a connection pool; do not pickle it")
+
+    def _redact(self, text: str) -> str:
+        key = self.__key
+        return text.replace(key, "***") if key and key != "EMPTY" else text
+
+    def _permanent(self, what: str, model: str, status: int | None) -> ModelCallError:
+        return ModelCallError(
+            self._redact(f"{what} (model {model!r} at {self.url})"), status=status
+        )
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Authorization": f"Bearer {self.__key}", "Accept": "application/json"}
+        for header, variable in ACCOUNT_HEADERS.items():
+            if os.environ.get(variable):
+                headers[header] = os.environ[variable]
+        return headers
+
+    # ------------------------------------------------------------ connection pools
+
+    def _new_pool(self) -> Pool:
         if self._ssl is None:  # built once: loading the CA bundle costs milliseconds
             self._ssl = ssl.create_default_context()
         size = min(CONNECTIONS_PER_POOL, self.max_concurrency)
         limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
         http = httpx.AsyncClient(
-            base_url=self.base_url or "",
-            headers={"Authorization": f"Bearer {self._api_key()}"},
+            base_url=self.url,
+            headers=self._headers(),
             timeout=self.timeout,
             limits=limits,
             verify=self._ssl,
+            follow_redirects=True,  # as the SDK's client does
         )
         return http, asyncio.Semaphore(size)  # nothing queues inside httpcore
 
@@ -58,7 +154,7 @@ class DirectHttpChatClient(OpenAIChatClient):
             self._semaphore = asyncio.Semaphore(self.max_concurrency)
         return self._semaphore
 
-    def _pick_pool(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+    def _pick_pool(self) -> Pool:
         """A pool with a free connection, adding pools up to the concurrency as load grows."""
         for pool in self._pools:
             if not pool[1].locked():
@@ -70,22 +166,21 @@ class DirectHttpChatClient(OpenAIChatClient):
         return self._pools[self._turn]
 
     async def aclose(self) -> None:
+        """Close the connection pools of the current loop."""
         pools, self._pools, self._loop, self._semaphore = self._pools, [], None, None
         await asyncio.gather(*(http.aclose() for http, _ in pools))
 
-    async def _create_once(self, kwargs: dict[str, Any]) -> tuple[list[str], list[str]]:
+    # ------------------------------------------------------------ requests
+
+    async def _create_once(self, body: dict[str, Any]) -> tuple[list[str], list[str]]:
+        """One HTTP request; transient failures raise `TransientCallError`."""
         async with self._bind_loop():
             http, pool_slots = self._pick_pool()
             async with pool_slots:
-                return await self._post(http, kwargs)
+                return await self._post(http, body)
 
-    async def _post(
-        self, http: httpx.AsyncClient, kwargs: dict[str, Any]
-    ) -> tuple[list[str], list[str]]:
-        """One request on `http`; transient failures become `_TransientError`."""
-        model = kwargs["model"]
-        body = {k: v for k, v in kwargs.items() if k != "extra_body"}
-        body.update(kwargs.get("extra_body") or {})
+    async def _post(self, http: httpx.AsyncClient, body: dict[str, Any]) -> tuple[list, list]:
+        model = body["model"]
         self.calls += 1
         try:
             response = await http.post(
@@ -93,20 +188,60 @@ class DirectHttpChatClient(OpenAIChatClient):
                 content=json.dumps(body),
                 headers={"Content-Type": "application/json"},
             )
-        except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
-            raise _TransientError(f"{type(exc).__name__}: {exc}", None) from None
+        except _NETWORK_ERRORS as exc:
+            raise TransientCallError(f"{type(exc).__name__}: {exc}", None) from None
         if response.status_code >= 400:
-            detail = f"HTTP {response.status_code}: {_error_message(response)}"
+            detail = f"HTTP {response.status_code}: {error_message(response)}"
             if is_transient_status(response.status_code):
                 retry_after = parse_retry_after(response.headers)
-                raise _TransientError(detail, response.status_code, retry_after)
+                raise TransientCallError(detail, response.status_code, retry_after)
             raise self._permanent(detail, model, response.status_code)
-        return self._read_reply(response, model)
+        try:
+            return read_reply(response)
+        except ProviderError as exc:
+            raise self._permanent(exc.detail, model, exc.status) from None
 
+    def _on_retry(self, error: BaseException, attempt: int, delay: float) -> None:
+        reason = self._redact(getattr(error, "reason", str(error)))
+        log.warning("model call failed (%s); retry %d in %.2fs", reason, attempt + 1, delay)
+        self.retries += 1
 
-def _error_message(response: httpx.Response) -> str:
-    """The `error.message` of an OpenAI-shaped error body, else the start of the body."""
-    try:
-        return str(response.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return response.text[:200]
+    async def _create_with_retries(self, body: dict[str, Any]) -> tuple[list[str], list[str]]:
+        try:
+            return await self.retry_policy.call(
+                "model call", lambda: self._create_once(body), self._on_retry
+            )
+        except TransientCallError as exc:
+            raise ModelCallError(
+                f"gave up after {self.retry_policy.attempts} attempts (model {body['model']!r} "
+                f"at {self.url}): {self._redact(exc.reason)}",
+                status=exc.status,
+                transient=True,
+            ) from None
+
+    async def complete(
+        self, messages: list[dict], model: str, n: int, sampling: SamplingParams
+    ) -> list[str]:
+        """`n` replies in choice order, topping up when the server returns fewer choices.
+
+        Top-up requests shift `seed` by the number of texts already collected, so a seeded server
+        that ignores `n` does not return the same text again.
+        """
+        check_request(messages, model, n, sampling)
+        texts: list[str] = []
+        invalid_left = _INVALID_CHOICE_RETRIES
+        while len(texts) < n:
+            seed = sampling.seed
+            if seed is not None and texts:
+                seed += len(texts)
+            body = request_body(messages, model, n - len(texts), sampling, seed)
+            good, bad = await self._create_with_retries(body)
+            texts.extend(good)
+            if bad or not good:
+                reason = bad[0] if bad else "no choices returned"
+                if invalid_left == 0:
+                    raise self._permanent(f"unusable completion: {reason}", model, None)
+                invalid_left -= 1
+                self.retries += 1
+                log.warning("unusable completion (%s); asking again", reason)
+        return texts[:n]

@@ -7,7 +7,7 @@ and the request is retried on another at once; when every replica is failing, th
 policy's back-off applies before the next round. Permanent errors (bad request, unknown model)
 are raised as they are.
 
-    client = ReplicaChatClient([OpenAIChatClient(url, None, max_retries=0) for url in urls])
+    client = ReplicaChatClient([DirectHttpChatClient(url, None, max_retries=0) for url in urls])
 """
 
 from __future__ import annotations
@@ -51,26 +51,48 @@ class ReplicaChatClient:
     async def complete(
         self, messages: list[dict], model: str, n: int, sampling: SamplingParams
     ) -> list[str]:
-        for attempt in range(self.retry_policy.attempts):
-            tried: set[int] = set()
-            while (index := self._pick(tried)) is not None:
-                tried.add(index)
-                try:
-                    return await self._on(index, messages, model, n, sampling)
-                except Exception as error:
-                    if not is_transient(error):
-                        raise
-                    self.failures_per_replica[index] += 1
-                    self._benched_until[index] = time.monotonic() + COOL_DOWN_SECONDS
-                    log.warning("replica %d failed (%s); trying another", index, error)
-                    last_error = error
-            if attempt < self.retry_policy.attempts - 1:
-                await asyncio.sleep(self.retry_policy.delay(attempt))
-        raise ModelCallError(
-            f"every replica failed ({len(self.replicas)} replicas, "
-            f"{self.retry_policy.attempts} rounds): {last_error}",
-            transient=True,
+        """Rounds over the replicas (`_one_round`), with the retry policy's back-off between."""
+
+        async def one_round() -> list[str]:
+            return await self._one_round(messages, model, n, sampling)
+
+        try:
+            return await self.retry_policy.call("replicas", one_round, self._on_retry)
+        except Exception as error:
+            if not is_transient(error):
+                raise
+            raise ModelCallError(
+                f"every replica failed ({len(self.replicas)} replicas, "
+                f"{self.retry_policy.attempts} rounds): {error}",
+                transient=True,
+            ) from None
+
+    @staticmethod
+    def _on_retry(error: BaseException, attempt: int, delay: float) -> None:
+        log.warning(
+            "every replica failed, round %d (%s); again in %.2fs", attempt + 1, error, delay
         )
+
+    async def _one_round(
+        self, messages: list[dict], model: str, n: int, sampling: SamplingParams
+    ) -> list[str]:
+        """Each replica in turn (fewest in flight first) until one answers; a transient failure
+        benches its replica and moves on, the last one is raised when every replica failed."""
+        tried: set[int] = set()
+        last_error: Exception | None = None
+        while (index := self._pick(tried)) is not None:
+            tried.add(index)
+            try:
+                return await self._on(index, messages, model, n, sampling)
+            except Exception as error:
+                if not is_transient(error):
+                    raise
+                self.failures_per_replica[index] += 1
+                self._benched_until[index] = time.monotonic() + COOL_DOWN_SECONDS
+                log.warning("replica %d failed (%s); trying another", index, error)
+                last_error = error
+        assert last_error is not None  # every round tries at least one replica
+        raise last_error
 
     async def _on(
         self, index: int, messages: list[dict], model: str, n: int, sampling: SamplingParams

@@ -1,10 +1,11 @@
 """The one retry policy of the pipeline: which failures are transient, and how long to wait.
 
-Model calls (`OpenAIChatClient`), fine-tuning API calls (`SharedModelGroup`) and Prefect task
-retries (`tasks.TRANSIENT_RETRY`) all ask `is_transient` and wait `RetryPolicy.delay`: rate limits,
-5xx answers, timeouts, dropped connections and replies whose body could not be read (non-UTF-8
-bytes, a proxy's HTML page, JSON cut short) may go away on their own; a bad configuration, a
-corrupt artifact or a failed training job fails at once: retrying it would only waste minutes.
+Model calls (`DirectHttpChatClient`, `ReplicaChatClient`) and fine-tuning API calls
+(`SharedModelGroup`) all retry in the one loop `RetryPolicy.call`, and Prefect task retries
+(`tasks.TRANSIENT_RETRY`) ask the same `is_transient`: rate limits, 5xx answers, timeouts,
+dropped connections and replies whose body could not be read (non-UTF-8 bytes, a proxy's HTML
+page, JSON cut short) may go away on their own; a bad configuration, a corrupt artifact or a
+failed training job fails at once: retrying it would only waste minutes.
 """
 
 from __future__ import annotations
@@ -72,8 +73,19 @@ class RetryPolicy:
         ceiling = min(self.cap_seconds, self.base_seconds * 2.0**attempt)
         return self.rng.uniform(0.0, ceiling)
 
-    async def call(self, what: str, make_call: Callable[[], Awaitable[T]]) -> T:
-        """`await make_call()`, tried again after each transient failure until tries run out."""
+    async def call(
+        self,
+        what: str,
+        make_call: Callable[[], Awaitable[T]],
+        on_retry: Callable[[BaseException, int, float], None] | None = None,
+    ) -> T:
+        """`await make_call()`, tried again after each transient failure until tries run out;
+        the last failure (or the first permanent one) is raised as it is.
+
+        Each wait honours the failure's `retry_after` or its reply's Retry-After header.
+        `on_retry(error, attempt, delay)` is told of each retry (default: a warning naming
+        `what`).
+        """
         for attempt in range(self.attempts):
             try:
                 return await make_call()
@@ -81,7 +93,10 @@ class RetryPolicy:
                 if attempt == self.attempts - 1 or not is_transient(error):
                     raise
                 delay = self.delay(attempt, _retry_after_of(error))
-                log.warning("%s: %s; retrying in %.1f s", what, type(error).__name__, delay)
+                if on_retry is None:
+                    log.warning("%s: %s; retrying in %.1f s", what, type(error).__name__, delay)
+                else:
+                    on_retry(error, attempt, delay)
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
@@ -104,6 +119,10 @@ def parse_retry_after(headers: Any) -> float | None:
 
 
 def _retry_after_of(error: BaseException) -> float | None:
+    """The wait a failure asks for: its own `retry_after`, else its reply's headers."""
+    wished = getattr(error, "retry_after", None)
+    if isinstance(wished, (int, float)):
+        return float(wished)
     response = getattr(error, "response", None)
     return parse_retry_after(getattr(response, "headers", None))
 

@@ -19,10 +19,10 @@ from fastapi import FastAPI, Request, UploadFile
 from fastapi.responses import JSONResponse
 
 import nip_core
-from nip_core.agents.chat_format import fold_speaker_names
 from nip_core.lm_server.engines.base import AdapterError, ChatRequest, InferenceEngine
 from nip_core.lm_server.jobs import JobError, JobManager, public_job
 from nip_core.lm_server.store import StateDir
+from nip_core.model_api.chat_format import fold_speaker_names
 
 _SAMPLING = {
     "temperature": (float, 0.0, 2.0),

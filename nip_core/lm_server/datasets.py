@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from nip_core.agents.chat_format import fold_speaker_names
+from nip_core.model_api.chat_format import fold_speaker_names
 
 METHODS = ("supervised", "dpo")
 _ROLES = ("system", "user", "assistant")

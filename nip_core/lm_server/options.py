@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from nip_core.training.dpo_losses import LOSS_TYPES
+from nip_core.model_api.dpo_losses import LOSS_TYPES
 
 _DEFAULT_LR = {"dpo": 1e-5, "supervised": 2e-5}
 _NIP_FIELDS = (

@@ -15,12 +15,12 @@ import numpy as np
 import pyarrow as pa
 
 from nip_core.agents import chat_messages, training_conversation
-from nip_core.agents.chat_format import fold_speaker_names, openai_messages
 from nip_core.agents.prompts import stance_string
 from nip_core.episode import ACCEPT, REJECT
 from nip_core.malt import schemas
 from nip_core.malt.rollout_tree import BatchItem, history, turns_by_node
 from nip_core.malt.tree_values import parent_indices
+from nip_core.model_api.chat_format import fold_speaker_names, openai_messages
 from nip_core.protocols import Protocol
 from nip_core.seeding import stable_int
 

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from nip_core.agents import training_conversation
-from nip_core.agents.chat_format import fold_speaker_names
 from nip_core.episode import ACCEPT, REJECT
 from nip_core.malt.dataset_export import ExportContext, leaf_indices
 from nip_core.malt.rollout_tree import history, turns_by_node
+from nip_core.model_api.chat_format import fold_speaker_names
 
 VERDICT_SCHEMA = pa.schema(
     [

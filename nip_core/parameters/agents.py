@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Self
 
+from nip_core.model_api.dpo_losses import DpoLossType
 from nip_core.parameters.base import (
     TYPE_KEY,
     BaseParameters,
@@ -20,7 +21,6 @@ from nip_core.parameters.base import (
     resolve_class,
 )
 from nip_core.parameters.validation import validate
-from nip_core.training.dpo_losses import DpoLossType
 
 DEFAULT_AGENT = "_default"
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, fields
+from typing import Any, Literal
 
 from nip_core.parameters.base import BaseParameters, register_parameter_class
 
+ForceGuess = Literal["zero", "one", "y"]
 
-@register_parameter_class
-@dataclass(frozen=True)
-class CommonProtocolParameters(BaseParameters):
-    """Turn order, stance randomisation and the reward table used by every protocol."""
+
+@dataclass(frozen=True, kw_only=True)
+class ProtocolRules:
+    """Turn order, stance randomisation and the reward table every protocol shares, declared
+    once: the configuration's `protocol_common` holds them, and each built `Protocol` record
+    carries a copy (`rules_of`) so that the pure protocol functions need no configuration."""
 
     verifier_first: bool = True
     randomize_prover_stance: bool = False
@@ -21,7 +24,18 @@ class CommonProtocolParameters(BaseParameters):
     verifier_terminated_penalty: float = -1.0
     verifier_no_guess_reward: float = 0.0
     shared_reward: bool = False
-    force_guess: Literal["zero", "one", "y"] | None = None
+    force_guess: ForceGuess | None = None
+
+
+def rules_of(settings: ProtocolRules) -> dict[str, Any]:
+    """The `ProtocolRules` fields of `settings` (e.g. `protocol_common`), by name."""
+    return {f.name: getattr(settings, f.name) for f in fields(ProtocolRules)}
+
+
+@register_parameter_class
+@dataclass(frozen=True)
+class CommonProtocolParameters(BaseParameters, ProtocolRules):
+    """`protocol_common`: the `ProtocolRules` used by every protocol."""
 
 
 @register_parameter_class

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from nip_core.parameters.hyper import HyperParameters
+from nip_core.parameters.protocols import rules_of
 from nip_core.protocols.records import (
     FORCE_GUESS_VALUES,
     MAIN_CHANNEL,
@@ -31,21 +32,6 @@ def _prover(name: str, human_name: str, channels: tuple[str, ...], **extra: Any)
     return AgentSpec(name, human_name, False, channels, **extra)
 
 
-def _common_fields(common: Any) -> dict[str, Any]:
-    """Reward and stance settings shared by every protocol."""
-    return {
-        "verifier_first": common.verifier_first,
-        "randomize_prover_stance": common.randomize_prover_stance,
-        "prover_reward": float(common.prover_reward),
-        "verifier_reward": float(common.verifier_reward),
-        "verifier_incorrect_penalty": float(common.verifier_incorrect_penalty),
-        "verifier_terminated_penalty": float(common.verifier_terminated_penalty),
-        "verifier_no_guess_reward": float(common.verifier_no_guess_reward),
-        "shared_reward": common.shared_reward,
-        "force_guess": common.force_guess,
-    }
-
-
 def _rounds(group: Any) -> dict[str, int]:
     return {
         "max_message_rounds": group.max_message_rounds,
@@ -60,7 +46,7 @@ def _nip(hp: Any) -> Protocol:
         _prover("prover", "Expert", (MAIN_CHANNEL,)),
         _verifier((MAIN_CHANNEL,), last_round_message=_DECIDE_NOW),
     )
-    fields = _common_fields(hp.protocol_common) | _rounds(hp.nip_protocol)
+    fields = rules_of(hp.protocol_common) | _rounds(hp.nip_protocol)
     return Protocol(
         "nip", agents, (MAIN_CHANNEL,), stance_randomisable=True, max_verifier_questions=0, **fields
     )
@@ -69,7 +55,7 @@ def _nip(hp: Any) -> Protocol:
 def _adp(hp: Any) -> Protocol:
     """ADP: the expert sends a single message, then the verifier must decide."""
     agents = (_prover("prover", "Expert", (MAIN_CHANNEL,)), _verifier((MAIN_CHANNEL,)))
-    fields = _common_fields(hp.protocol_common) | {"verifier_first": False}
+    fields = rules_of(hp.protocol_common) | {"verifier_first": False}
     return Protocol(
         "adp",
         agents,
@@ -100,7 +86,7 @@ def _two_experts(
         _verifier(_TWO_CHANNELS, response_headers=headers, last_round_message=_DECIDE_NOW),
     )
     fields = (
-        _common_fields(hp.protocol_common)
+        rules_of(hp.protocol_common)
         | _rounds(group)
         | {
             "sequential": group.sequential,
@@ -140,7 +126,7 @@ def _merlin_arthur(hp: Any) -> Protocol:
         _prover("prover1", "Expert_2", (MAIN_CHANNEL,), anonymous=True, default_stance=1),
         _verifier((MAIN_CHANNEL,)),
     )
-    fields = _common_fields(hp.protocol_common) | {"verifier_first": False}
+    fields = rules_of(hp.protocol_common) | {"verifier_first": False}
     return Protocol(
         "merlin_arthur",
         agents,
@@ -160,7 +146,7 @@ def _solo_verifier(hp: Any) -> Protocol:
     round 0 anyway; we use one round, so "the last round" and "round 0" coincide and the generic
     termination rule needs no special case.
     """
-    fields = _common_fields(hp.protocol_common) | {"verifier_first": True}
+    fields = rules_of(hp.protocol_common) | {"verifier_first": True}
     return Protocol(
         "solo_verifier",
         (_verifier((MAIN_CHANNEL,)),),

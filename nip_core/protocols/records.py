@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Literal
+from typing import get_args
 
-ForceGuess = Literal["zero", "one", "y"]
-FORCE_GUESS_VALUES: tuple[str, ...] = ("zero", "one", "y")
+from nip_core.parameters.protocols import ForceGuess, ProtocolRules
+
+FORCE_GUESS_VALUES: tuple[str, ...] = get_args(ForceGuess)
 
 VERIFIER = "verifier"
 MAIN_CHANNEL = "main"
@@ -44,12 +45,12 @@ class AgentSpec:
 
 
 @dataclass(frozen=True)
-class Protocol:
+class Protocol(ProtocolRules):
     """Everything the rollout, reward and prompt code needs to know about one protocol.
 
-    Round numbers are 0-based and an episode has at most `max_message_rounds` rounds. The reward
-    fields are copied from the common protocol parameters so that the pure functions need no
-    access to the configuration.
+    Round numbers are 0-based and an episode has at most `max_message_rounds` rounds. The turn
+    order, stance and reward fields (`ProtocolRules`, keyword-only) are copied from the common
+    protocol parameters so that the pure functions need no access to the configuration.
     """
 
     name: str
@@ -59,18 +60,9 @@ class Protocol:
     min_message_rounds: int
     max_verifier_questions: int
     stance_randomisable: bool
-    verifier_first: bool = True
     sequential: bool = False
     prover0_first: bool = True
     randomize_channel_order: bool = False
-    randomize_prover_stance: bool = False
-    prover_reward: float = 1.0
-    verifier_reward: float = 1.0
-    verifier_incorrect_penalty: float = -1.0
-    verifier_terminated_penalty: float = -1.0
-    verifier_no_guess_reward: float = 0.0
-    shared_reward: bool = False
-    force_guess: ForceGuess | None = None
 
     @functools.cached_property
     def agent_names(self) -> tuple[str, ...]:

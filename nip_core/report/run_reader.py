@@ -23,10 +23,21 @@ import pyarrow as pa
 from fsspec.implementations.local import LocalFileSystem
 
 from nip_core.episode import DECISION_NAMES, Turn
+from nip_core.malt.evaluation import file_stem
 from nip_core.malt.rollout_tree import history, path_to_node, turns_by_node
 from nip_core.parameters import convert_hyper_param_dict
 from nip_core.run.artifacts import ArtifactError, RunPaths, read_json, read_parquet
-from nip_core.run.iteration_files import BATCH_FILE, NODES_FILE, PAIRS_FILE, REWARDS_FILE
+from nip_core.run.iteration_files import (
+    BATCH_FILE,
+    HYPER_PARAMS_FILE,
+    ITERATIONS_DIR,
+    NODES_FILE,
+    PAIRS_FILE,
+    REWARDS_FILE,
+    dataset_file,
+    dataset_folder,
+    table_file,
+)
 
 TRANSCRIPT_COLUMNS = ["node_id", "round", "agent", "channel", "content", "decision"]
 
@@ -52,12 +63,12 @@ def resolve_run_dir(path: str) -> RunPaths:
     if runs:
         raise RunReadError(f"{path!r} is an artifacts root with several runs; pick one of {runs}")
     raise RunReadError(
-        f"{path!r} is not a run folder (expected hyper_params.json or iterations/ inside it)"
+        f"{path!r} is not a run folder (expected {HYPER_PARAMS_FILE} or {ITERATIONS_DIR}/ inside it)"
     )
 
 
 def _is_run_dir(fs: fsspec.AbstractFileSystem, path: str) -> bool:
-    return fs.exists(f"{path}/hyper_params.json") or fs.isdir(f"{path}/iterations")
+    return fs.exists(f"{path}/{HYPER_PARAMS_FILE}") or fs.isdir(f"{path}/{ITERATIONS_DIR}")
 
 
 def transcript_rows(turns: list[Turn], node_ids: list[str]) -> list[dict[str, Any]]:
@@ -136,7 +147,7 @@ class RunView:
     @cached_property
     def hyper_params(self) -> dict:
         if not self.paths.fs.exists(self.paths.hyper_params):
-            raise RunReadError(f"{self.paths.run_dir} has no hyper_params.json")
+            raise RunReadError(f"{self.paths.run_dir} has no {HYPER_PARAMS_FILE}")
         stored = read_json(self.paths.fs, self.paths.hyper_params)
         try:  # the same version check and upgrade a resumed run goes through
             return convert_hyper_param_dict(stored)
@@ -165,7 +176,7 @@ class RunView:
         return self._frame(iteration, PAIRS_FILE, "select-pairs (none in an EI iteration)")
 
     def eval(self, iteration: int) -> pd.DataFrame:
-        return self._frame(iteration, "eval.parquet", "test (evaluation)")
+        return self._frame(iteration, table_file(file_stem("test")), "test (evaluation)")
 
     def dpo(self, iteration: int, group: str) -> pd.DataFrame:
         return self._dataset(iteration, "dpo", group)
@@ -176,7 +187,7 @@ class RunView:
     def groups(self, iteration: int, kind: str = "dpo") -> list[str]:
         """Model groups with an exported `kind` ("dpo" or "sft") dataset in this iteration."""
         self._check_iteration(iteration)
-        folder = self.paths.iteration_file(iteration, f"datasets/{kind}")
+        folder = self.paths.iteration_file(iteration, dataset_folder(kind))
         if not self.paths.fs.isdir(folder):
             return []
         names = (p.rstrip("/").rsplit("/", 1)[-1] for p in self.paths.fs.ls(folder, detail=False))
@@ -228,7 +239,7 @@ class RunView:
                 f"iteration {iteration} has no {kind.upper()} dataset for group {group!r}; "
                 f"groups with one: {groups}"
             )
-        return self._frame(iteration, f"datasets/{kind}/{group}.parquet", "export-datasets")
+        return self._frame(iteration, dataset_file(kind, group, "parquet"), "export-datasets")
 
     def _turn_index(self, iteration: int) -> dict[str, tuple[str | None, Turn | None]]:
         self.nodes(iteration)  # clear error when missing

@@ -32,6 +32,12 @@ import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
 import nip_core
+from nip_core.run.iteration_files import (
+    HYPER_PARAMS_FILE,
+    ITERATIONS_DIR,
+    MANIFEST_FILE,
+    iteration_folder,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,19 +75,19 @@ class RunPaths:
 
     @property
     def hyper_params(self) -> str:
-        return f"{self.run_dir}/hyper_params.json"
+        return f"{self.run_dir}/{HYPER_PARAMS_FILE}"
 
     def iteration_dir(self, iteration: int) -> str:
-        return f"{self.run_dir}/iterations/{iteration:04d}"
+        return f"{self.run_dir}/{iteration_folder(iteration)}"
 
     def iteration_file(self, iteration: int, relative: str) -> str:
         return f"{self.iteration_dir(iteration)}/{relative}"
 
     def manifest(self, iteration: int) -> str:
-        return self.iteration_file(iteration, "manifest.json")
+        return self.iteration_file(iteration, MANIFEST_FILE)
 
     def iterations(self) -> list[int]:
-        pattern = f"{self.run_dir}/iterations/*/manifest.json"
+        pattern = f"{self.run_dir}/{ITERATIONS_DIR}/*/{MANIFEST_FILE}"
         found = [p.rstrip("/").split("/")[-2] for p in self.fs.glob(pattern)]
         return sorted(int(name) for name in found if name.isdigit())
 

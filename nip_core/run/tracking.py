@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from nip_core.parameters import HyperParameters
 from nip_core.run.artifacts import RunPaths, read_bytes, write_bytes
+from nip_core.run.iteration_files import RUN_ID_FILE
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +287,6 @@ def read_offline_config(wandb_file: str | Path) -> dict[str, Any]:
 # `flows.evaluate` on it later) appends to the same wandb run. Offline data goes to
 # `<run_dir>/wandb/` for a local artifacts root, or to `WANDB_DIR` when that is set.
 
-RUN_ID_FILE = "wandb_run_id"
 _RUN_ID = re.compile(r"^[a-z0-9]{8,64}$")
 
 

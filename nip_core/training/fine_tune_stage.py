@@ -19,6 +19,7 @@ from nip_core.agents.clients import close_clients
 from nip_core.malt.dataset_export import training_datasets
 from nip_core.run.artifacts import RunPaths, load_manifest, read_bytes, read_json, write_json
 from nip_core.run.iteration_context import IterationContext
+from nip_core.run.iteration_files import fine_tune_record
 from nip_core.seeding import stable_int
 from nip_core.training.fine_tune_jobs import (
     FineTuneJobError,
@@ -83,7 +84,7 @@ async def submit_and_wait(paths: RunPaths, context: IterationContext) -> dict:
 
     async def one(name: str) -> dict:
         group = groups[name]
-        record = paths.iteration_file(it, f"fine_tune/{name}.json")
+        record = paths.iteration_file(it, fine_tune_record(name))
         if paths.fs.exists(record):
             group.set_state(read_json(paths.fs, record)["state"])
         if not paths.fs.exists(record) or await group.fine_tune_job_failed():
@@ -138,7 +139,7 @@ async def switch_groups(paths: RunPaths, context: IterationContext) -> dict[str,
     try:
         for name in context.trainable_groups:
             record = read_json(
-                paths.fs, paths.iteration_file(context.iteration, f"fine_tune/{name}.json")
+                paths.fs, paths.iteration_file(context.iteration, fine_tune_record(name))
             )
             groups[name].set_state(record["state"])
             models[name] = await groups[name].switch_to_next_model(context.iteration)

@@ -10,8 +10,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from nip_core.agents.dummy_player import dummy_reply
 from nip_core.lm_server.engines.base import AdapterError, ChatChoice, ChatRequest
+from nip_core.model_api.dummy_player import dummy_reply
 
 
 class DummyEngine:
