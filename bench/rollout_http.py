@@ -96,10 +96,14 @@ def serve(port: int, latency: float) -> None:
     async def stats(_: Request) -> JSONResponse:
         return JSONResponse({"calls": calls})
 
+    async def models(_: Request) -> JSONResponse:  # the flows' provider check asks first
+        return JSONResponse({"object": "list", "data": [{"id": "gpt-4o-mini", "object": "model"}]})
+
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/stats", stats),
+            Route("/v1/models", models),
         ]
     )
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", backlog=4096)

@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from flows.lm_server import lm_server_for
+from nip_core.agents.preflight import check_providers
 from nip_core.parameters import HyperParameters, load_hyper_params
 from nip_core.parameters.hyper import InteractionProtocolType, TrainerType
 from nip_core.run.artifacts import ArtifactError, RunPaths, default_root
@@ -219,10 +220,19 @@ def checked_run_arguments(args: argparse.Namespace) -> tuple[HyperParameters, st
     written, a dataset that cannot be read.
     """
     hp = resolve_hyper_params(args.config, args.overrides)
+    check_run_providers(hp)
     if getattr(args, "iteration", 0) < 0:
         raise ConfigError(f"--iteration must be >= 0, got {args.iteration}")
     root = args.artifacts_root or default_root()
     return hp, root, preflight(hp, root, args.run_name)
+
+
+def check_run_providers(hp: HyperParameters) -> None:
+    """Every agent's provider can serve the run (key, endpoint, fine-tuning where trained);
+    ProviderError, a ValueError, before anything is written."""
+    context = build_context(hp, "preflight", 0)
+    trained = set(context.agent_names) - set(context.frozen_agents)
+    check_providers(context.agent_params, trained)
 
 
 def run_command(args: argparse.Namespace, check: Callable[[], T], run: Callable[[T], int]) -> int:

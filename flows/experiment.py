@@ -37,7 +37,14 @@ import pandas as pd
 import yaml
 from prefect import flow
 
-from flows.cli import RunSettings, all_overrides, open_run, run_command, run_folder_arguments
+from flows.cli import (
+    RunSettings,
+    all_overrides,
+    check_run_providers,
+    open_run,
+    run_command,
+    run_folder_arguments,
+)
 from flows.pipeline import iteration_subflow
 from nip_core.experiment.config import (
     BASE_RUN,
@@ -203,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     root = args.artifacts_root or default_root()
 
     def check():
-        resolve_experiment(args.config, args.overrides)
+        spec = resolve_experiment(args.config, args.overrides)
+        for hp in (spec.base, *spec.arms.values()):
+            check_run_providers(hp)
         paths = RunPaths.open(root, args.run_name)
         if paths.is_local:
             check_writable(Path(paths.run_dir))
