@@ -142,10 +142,10 @@ def loopback_server(latency: float, port: int | None = None) -> Iterator[str]:
 def rollout_stage(url: str, root: str, run_name: str, datapoints: int) -> int:
     """Run the batch and rollout stages of one iteration against `url`; returns the nodes."""
     from nip_core.parameters import HyperParameters, apply_overrides
+    from nip_core.play.rollout_stage import grow_all_trees
     from nip_core.run.iteration_context import build_context
     from nip_core.run.run_folder import prepare_run
     from tasks.batch import select_batch_task
-    from tasks.rollouts import grow_all_trees
 
     port = url.rsplit(":", 1)[1]
     hp = apply_overrides(

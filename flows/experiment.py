@@ -46,6 +46,12 @@ from flows.cli import (
     run_folder_arguments,
 )
 from flows.pipeline import iteration_subflow
+from nip_core.experiment.arm_results import (
+    evaluation_rows,
+    models_after,
+    reference_arm_rows,
+    score_verdicts,
+)
 from nip_core.experiment.config import (
     BASE_RUN,
     ExperimentSettings,
@@ -58,25 +64,22 @@ from nip_core.experiment.config import (
     with_seed,
 )
 from nip_core.experiment.report import summary_text
+from nip_core.experiment.seed_outputs import (
+    SeedResult,
+    finished_seed,
+    record_seed,
+    record_timing,
+    timings_table,
+    training_table,
+)
 from nip_core.parameters import HyperParameters
 from nip_core.parameters.loading import apply_overrides, read_params_file
 from nip_core.run.artifacts import RunPaths, default_root
 from nip_core.run.iteration_context import build_context
 from nip_core.run.lock import lock_run_folder
 from nip_core.run.run_folder import ConfigError, check_writable
-from nip_core.run.tracking import open_tracker
-from tasks.experiment import (
-    SeedResult,
-    evaluate_iteration,
-    evaluation_rows,
-    finished_seed,
-    models_after,
-    record_seed,
-    record_timing,
-    reference_arm_rows,
-    timings_table,
-    training_table,
-)
+from nip_core.run.tracking import Tracker, log_evaluation, open_tracker
+from tasks.evaluate import evaluate_task
 from tasks.experiment import write_outputs as write_outputs_task
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "experiment-cpu.yaml"
@@ -111,6 +114,24 @@ def resolve_experiment(config: str | None, overrides: list[str] | None) -> Exper
         return Experiment(base_hyper_params(hp, settings), settings, all_arms(hp, settings))
     except (ValueError, KeyError, TypeError, OSError, yaml.YAMLError) as e:
         raise ConfigError(f"{path}: {e}") from e
+
+
+def evaluate_iteration(
+    paths: RunPaths,
+    hp: HyperParameters,
+    name: str,
+    iteration: int,
+    split: str,
+    tracker: Tracker | None = None,
+) -> dict:
+    """Evaluate the models of `iteration` (the base models for 0) on `split`, with the
+    verifier's P(accept) per episode."""
+    context = build_context(hp, name, iteration, models_after(paths, iteration))
+    metrics = evaluate_task(paths, context, split)
+    score_verdicts(paths, context, split)
+    if tracker is not None:
+        log_evaluation(tracker, metrics, iteration)
+    return metrics
 
 
 def run_arm(

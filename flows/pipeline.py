@@ -15,23 +15,20 @@ from prefect import flow
 
 from flows.cli import OpenRun, make_task_runner
 from nip_core.malt.evaluation import format_metrics, should_evaluate
+from nip_core.play.evaluation_stage import evaluation_done, evaluation_shards
+from nip_core.play.rollout_stage import pending_shards, record_shard
 from nip_core.run.artifacts import RunPaths, read_json
 from nip_core.run.iteration_context import IterationContext
 from nip_core.run.stages import stage_seconds
 from nip_core.run.tracking import Tracker, log_iteration
 from tasks.batch import select_batch_task
-from tasks.evaluate import (
-    evaluate_shard_task,
-    evaluate_task,
-    evaluation_done,
-    evaluation_shards,
-)
+from tasks.evaluate import evaluate_shard_task, evaluate_task
 from tasks.export import export_datasets_task
 from tasks.fine_tune import fine_tune_task, switch_model_task
 from tasks.pairs import select_pairs_task
 from tasks.prefect_artifacts import publish_summary_task
 from tasks.rewards import estimate_rewards_task
-from tasks.rollouts import generate_rollouts_task, grow_shard_task, pending_shards, record_shard
+from tasks.rollouts import generate_rollouts_task, grow_shard_task
 from tasks.summary import summarise_iteration_task
 from tasks.switch_guard import switch_guard_task
 

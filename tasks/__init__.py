@@ -1,4 +1,4 @@
-"""Prefect tasks: one module per stage, each a few lines calling `nip_core`.
+"""Prefect tasks: one module per stage, each a thin wrapper (under 90 lines) calling `nip_core`.
 
 Shared here: the retry policy of the stages that touch the network. A Prefect retry repeats a
 whole stage, so it runs only after a transient failure (`nip_core.agents.retry.is_transient`):

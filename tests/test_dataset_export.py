@@ -19,8 +19,8 @@ from nip_core.malt.tree_values import pairs_table, rewards_table
 from nip_core.model_api.chat_format import fold_speaker_names, openai_messages
 from nip_core.parameters import HyperParameters, apply_overrides
 from nip_core.parameters.trainers import PureTextEiParameters, TextRlParameters
+from nip_core.play.episodes import rollout_settings
 from nip_core.run.iteration_context import build_context
-from tasks.rollouts import rollout_settings
 
 
 def make_context(protocol: str, *overrides: str, iteration: int = 0):

@@ -17,14 +17,6 @@ NOT_ARTIFACT_PACKAGES = (
     "nip_core/lm_server/",  # a product of its own, with its own state folder
     "nip_core/data/",  # the input data sets
 )
-# Stage modules being rewritten around one episode-playing module (issue 26, item 1); they move
-# their shard, journal, evaluation, guard and experiment file names here when they do.
-PENDING = {
-    "tasks/rollouts.py",
-    "tasks/evaluate.py",
-    "tasks/switch_guard.py",
-    "tasks/experiment.py",
-}
 
 
 def spelled_file_names(path: Path) -> list[str]:
@@ -61,15 +53,8 @@ def test_artifact_file_names_are_spelled_only_in_iteration_files():
     for top in ("nip_core", "tasks", "flows"):
         for path in (REPO / top).rglob("*.py"):
             name = path.relative_to(REPO).as_posix()
-            if name in NOT_ARTIFACTS | PENDING or name.startswith(NOT_ARTIFACT_PACKAGES):
+            if name in NOT_ARTIFACTS or name.startswith(NOT_ARTIFACT_PACKAGES):
                 continue
             if spelled := spelled_file_names(path):
                 found[name] = spelled
     assert found == {}
-
-
-def test_pending_modules_are_still_pending():
-    """Remove a module from PENDING once it spells no file name of its own."""
-    for name in PENDING:
-        path = REPO / name
-        assert not path.exists() or spelled_file_names(path), f"{name} is no longer pending"

@@ -159,6 +159,25 @@ def test_every_tasks_module_defines_a_task():
             assert "@task(" in path.read_text(), f"{path} defines no Prefect task"
 
 
+# Shared by the stage modules: the retry policy (`tasks/__init__.py`) and the Prefect artifacts.
+TASK_HELPERS = {"tasks", "tasks.prefect_artifacts"}
+
+
+def test_stage_modules_in_tasks_are_thin_wrappers():
+    """A stage module reads its inputs, calls `nip_core` and records the stage: under 90 lines,
+    and it imports no other stage module (only the shared helpers)."""
+    modules = project_modules()
+    for name, path in modules.items():
+        if not name.startswith("tasks.") or name in TASK_HELPERS:
+            continue
+        lines = path.read_text().count("\n")
+        assert lines < 90, f"{path}: {lines} lines, a stage's logic belongs in nip_core"
+        other_tasks = {
+            m for m in imported_modules(path, set(modules)) if m.split(".")[0] == "tasks"
+        }
+        assert other_tasks <= TASK_HELPERS, f"{name} imports {other_tasks - TASK_HELPERS}"
+
+
 def test_nip_core_top_level_holds_packages_and_few_tiny_modules():
     modules = [p for p in (REPO / "nip_core").glob("*.py") if p.name != "__init__.py"]
     assert len(modules) <= 3, modules

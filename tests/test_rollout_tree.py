@@ -20,10 +20,10 @@ from nip_core.malt.rollout_tree import (
     turns_by_node,
 )
 from nip_core.parameters import HyperParameters, apply_overrides
+from nip_core.play.episodes import rollout_settings
 from nip_core.protocols import active_agents
 from nip_core.run.iteration_context import build_context
 from nip_core.seeding import call_seed
-from tasks.rollouts import rollout_settings
 
 
 def make_context(protocol: str = "nip", *overrides: str, iteration: int = 0):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import tasks.switch_guard as guard_stage
+import nip_core.training.switch_guard_stage as guard_stage
 from flows.malt_iteration import malt_iteration
 from nip_core.parameters import load_hyper_params
 from nip_core.training.switch_guard import (

@@ -57,3 +57,76 @@ def fine_tune_steps(group: str) -> str:
 def table_file(stem: str) -> str:
     """`<stem>.parquet`, e.g. an evaluation's table (`eval.parquet` for the test split)."""
     return f"{stem}.parquet"
+
+
+def nodes_file(stem: str) -> str:
+    """`<stem>-nodes.parquet`: an evaluation's full turns (`eval-nodes.parquet`), for transcripts."""
+    return f"{stem}-nodes.parquet"
+
+
+def verdicts_file(stem: str) -> str:
+    """`<stem>-verdicts.parquet`: the verifier's P(accept) on each evaluated episode."""
+    return f"{stem}-verdicts.parquet"
+
+
+def steps_group(path: str) -> str:
+    """The model group whose `fine_tune/<group>-steps.parquet` lies at `path`."""
+    return path.rsplit("/", 1)[-1].removesuffix("-steps.parquet")
+
+
+# ------------------------------------------------------------------ shards and call journals
+
+
+def rollout_shard_file(shard: int) -> str:
+    """`shards/nodes-<NNNNN>.parquet`: one rollout shard's trees, checkpointed when complete."""
+    return f"shards/nodes-{shard:05d}.parquet"
+
+
+def shard_call_journal(shard: int) -> str:
+    """`calls-shard-<NNNNN>.jsonl`: the call journal of a shard grown as a task of its own."""
+    return f"calls-shard-{shard:05d}.jsonl"
+
+
+def journal_part(journal: str, endpoint: int) -> str:
+    """`<journal stem>-<i>.jsonl`: the part of a call journal one endpoint's client writes."""
+    return f"{journal.removesuffix('.jsonl')}-{endpoint}.jsonl"
+
+
+def stem_call_journal(stem: str, endpoint: int) -> str:
+    """`<stem>-calls-<i>.jsonl`: an evaluation's (or the switch guard's) call journal part."""
+    return f"{stem}-calls-{endpoint}.jsonl"
+
+
+def evaluation_shard_file(stem: str, shard: int) -> str:
+    """`<stem>-shards/nodes-<NNNNN>.parquet`: one evaluation shard's episodes."""
+    return f"{stem}-shards/nodes-{shard:05d}.parquet"
+
+
+def evaluation_shard_stem(stem: str, shard: int) -> str:
+    """`<stem>-shard-<NNNNN>`: the journal stem of one evaluation shard."""
+    return f"{stem}-shard-{shard:05d}"
+
+
+GUARD_STEM = "guard"  # the switch guard's journal stem: `guard-calls-<i>.jsonl`
+
+
+def guard_file(label: str) -> str:
+    """`guard-<label>.parquet`: one switch-guard scoring ("previous" or a model group)."""
+    return f"{GUARD_STEM}-{label}.parquet"
+
+
+# ------------------------------------------------------------------ an experiment's folders
+
+EXPERIMENT_TIMINGS_FILE = "experiment_timings.json"  # in an arm's run folder, per iteration
+# A finished seed's outputs, in `seeds/<seed>/` of the experiment folder; timings last.
+SEED_FILES = ("rows.parquet", "training.parquet", "timings.parquet")
+EXPERIMENT_FILE = "experiment.parquet"  # one row per seed, arm, iteration, datapoint, sample
+SUMMARY_FILE = "summary.parquet"  # per seed and across seeds, with confidence intervals
+TRAINING_FILE = "training.parquet"  # the trainer's steps and dataset per seed, arm, iteration
+EXPERIMENT_PNG = "experiment.png"  # the learning curves
+EXPERIMENT_HTML = "experiment.html"  # the experiment's page
+
+
+def seed_folder(seed: int) -> str:
+    """`seeds/<seed>`: one seed's run folders and outputs, relative to the experiment folder."""
+    return f"seeds/{seed}"

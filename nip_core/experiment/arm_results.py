@@ -1,0 +1,97 @@
+"""What an experiment reads from its arms' run folders: each evaluation's rows, scored verdicts,
+the models an iteration plays with, and the reference arms on the base model's episodes.
+
+Each arm is an ordinary run folder, so every iteration and every evaluation resumes from its
+manifest like any run; these functions only add the verifier's P(accept) and read the results.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pandas as pd
+
+from nip_core.agents.message_scores import score_replies
+from nip_core.data.splits import load_split
+from nip_core.experiment.reference import fit_rule, reference_rows
+from nip_core.experiment.rows import experiment_rows
+from nip_core.malt.dataset_export import ExportContext
+from nip_core.malt.evaluation import file_stem
+from nip_core.malt.verdict_scores import scored_chats, verdict_conversations, verdict_table
+from nip_core.parameters import HyperParameters
+from nip_core.play.episodes import select_items
+from nip_core.run.artifacts import RunPaths, read_json, read_parquet, write_parquet
+from nip_core.run.iteration_context import IterationContext
+from nip_core.run.iteration_files import nodes_file, table_file, verdicts_file
+from nip_core.run.stages import run_stage
+
+log = logging.getLogger(__name__)
+
+
+def models_after(paths: RunPaths, iteration: int) -> dict[str, str]:
+    """The models iteration `iteration` generates with (those the one before switched to)."""
+    if iteration == 0:
+        return {}
+    return dict(read_json(paths.fs, paths.manifest(iteration - 1)).get("models_after", {}))
+
+
+def score_verdicts(paths: RunPaths, context: IterationContext, split: str) -> dict:
+    """`<stem>-verdicts.parquet`: the verifier's P(accept) on each evaluated episode, scored by
+    the model it decided with (stage `verdicts-<split>`; p_accept null where the provider
+    cannot score)."""
+    it, stem = context.iteration, file_stem(split)
+
+    def compute():
+        nodes = read_parquet(paths.fs, paths.iteration_file(it, nodes_file(stem)))
+        items = {item.batch_index: item for item in select_items(context, split)}
+        export = ExportContext(context.protocol, context.agent_params, items, it)
+        episodes = verdict_conversations(nodes, export)
+        verifier = context.protocol.verifier_name
+        params, model = context.agent_params[verifier], context.models[verifier]
+        scores = score_replies(params, model, scored_chats(episodes))
+        name = verdicts_file(stem)
+        table = verdict_table(episodes, scores)
+        return {name: write_parquet(paths.fs, paths.iteration_file(it, name), table)}, {
+            "scored": scores is not None
+        }
+
+    return run_stage(paths, context, f"verdicts-{split}", compute)["info"]
+
+
+def evaluation_rows(
+    paths: RunPaths, arm: str, iteration: int, split: str, seed: int = 0
+) -> pd.DataFrame:
+    """The experiment rows of one finished evaluation."""
+    stem = file_stem(split)
+    evaluation = read_parquet(paths.fs, paths.iteration_file(iteration, table_file(stem)))
+    nodes = read_parquet(paths.fs, paths.iteration_file(iteration, nodes_file(stem)))
+    verdicts_path = paths.iteration_file(iteration, verdicts_file(stem))
+    verdicts = (
+        read_parquet(paths.fs, verdicts_path).to_pandas()
+        if paths.fs.exists(verdicts_path)
+        else None
+    )
+    return experiment_rows(
+        evaluation.to_pandas(),
+        nodes.to_pandas(),
+        arm=arm,
+        iteration=iteration,
+        seed=seed,
+        verdicts=verdicts,
+    )
+
+
+def reference_arm_rows(hp: HyperParameters, base_rows: pd.DataFrame, split: str) -> pd.DataFrame:
+    """The reference arms on the base model's episodes; the one-feature rule is fitted on the
+    train split (true labels: `hp` is the base configuration)."""
+    train = load_split(hp, "train")
+    rule = fit_rule(train["solution"], train["y"])
+    evaluated = load_split(hp, split)
+    solutions = dict(zip(evaluated["id"].astype(int), evaluated["solution"], strict=True))
+    log.info(
+        "seed %d: one-feature rule fitted on train: %s (train accuracy %.3f)",
+        hp.seed,
+        rule.describe(),
+        rule.train_accuracy,
+    )
+    return reference_rows(base_rows, solutions, rule)
