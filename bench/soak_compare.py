@@ -135,8 +135,8 @@ def with_job_ids(data: bytes, job_ids: Mapping[str, str]) -> bytes:
 def files_equal(ref: Path, run: Path, relative: str, job_ids: Mapping[str, str]) -> str | None:
     """None when equal, else why not."""
     want, got = ref.read_bytes(), run.read_bytes()
-    if relative.endswith((".json", ".jsonl")):
-        got = with_job_ids(got, job_ids)
+    if relative.endswith((".json", ".jsonl")) or "/fine_tune/" in f"/{relative}":
+        got = with_job_ids(got, job_ids)  # a steps file names its job in its metadata
     if relative.rsplit("/", 1)[-1] == MANIFEST:
         try:
             same = without_volatile(json.loads(want), ref.parent) == without_volatile(

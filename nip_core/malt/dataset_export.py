@@ -113,14 +113,8 @@ def guess_replaced_pairs(
     for leaf in distinct_verifier_chats(nodes, context, index, leaves):
         item = context.items[batch_indices[leaf]]
         truth = ACCEPT if item.datapoint.y == 1 else REJECT
-        conversations[leaf] = training_conversation(
-            context.protocol,
-            verifier,
-            context.agent_params[verifier],
-            item.datapoint,
-            history(index, node_ids[leaf]),
-            item.episode_seed,
-            replace_verifier_decision_with=truth,
+        conversations[leaf] = agent_chat(
+            context, verifier, item, history(index, node_ids[leaf]), truth
         )
         truth_of[leaf] = truth
     unique = np.array(sorted(truth_of), dtype=np.int64)
@@ -148,6 +142,22 @@ def guess_replaced_pairs(
     return rows
 
 
+def agent_chat(
+    context: ExportContext, agent: str, item: BatchItem, turns, verdict: int | None = None
+) -> list[dict] | None:
+    """The episode of `item` from `agent`'s side, ending with its last output (or with
+    `verdict` in place of the verifier's); None if the agent never spoke."""
+    return training_conversation(
+        context.protocol,
+        agent,
+        context.agent_params[agent],
+        item.datapoint,
+        turns,
+        item.episode_seed,
+        replace_verifier_decision_with=verdict,
+    )
+
+
 def distinct_verifier_chats(
     nodes: pa.Table, context: ExportContext, index, leaves: np.ndarray
 ) -> list[int]:
@@ -160,14 +170,7 @@ def distinct_verifier_chats(
     seen, out = set(), []
     for leaf in leaves.tolist():
         item = context.items[batch_indices[leaf]]
-        chat = training_conversation(
-            context.protocol,
-            verifier,
-            context.agent_params[verifier],
-            item.datapoint,
-            history(index, node_ids[leaf]),
-            item.episode_seed,
-        )
+        chat = agent_chat(context, verifier, item, history(index, node_ids[leaf]))
         if chat is None:
             continue
         key = json.dumps(chat[:-1], sort_keys=True)
@@ -287,15 +290,7 @@ def sft_rows(
         for leaf, guess in [(i, False) for i in chosen] + [(i, True) for i in replaced]:
             item = context.items[batch_indices[leaf]]
             label = (ACCEPT if item.datapoint.y == 1 else REJECT) if guess else None
-            conversation = training_conversation(
-                context.protocol,
-                agent,
-                context.agent_params[agent],
-                item.datapoint,
-                history(index, node_ids[leaf]),
-                item.episode_seed,
-                replace_verifier_decision_with=label,
-            )
+            conversation = agent_chat(context, agent, item, history(index, node_ids[leaf]), label)
             if conversation is None:
                 continue
             rows.append(
@@ -325,14 +320,7 @@ def last_replies(
         item = context.items[batch_indices[leaf]]
         turns = history(index, node_ids[leaf])
         for agent in agents:
-            conversation = training_conversation(
-                context.protocol,
-                agent,
-                context.agent_params[agent],
-                item.datapoint,
-                turns,
-                item.episode_seed,
-            )
+            conversation = agent_chat(context, agent, item, turns)
             if conversation is not None:
                 replies[agent].append(fold_speaker_names(conversation))
     return replies

@@ -14,9 +14,8 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from nip_core.agents import training_conversation
 from nip_core.episode import ACCEPT, REJECT
-from nip_core.malt.dataset_export import ExportContext, leaf_indices
+from nip_core.malt.dataset_export import ExportContext, agent_chat, leaf_indices
 from nip_core.malt.rollout_tree import history, turns_by_node
 from nip_core.model_api.chat_format import fold_speaker_names
 
@@ -43,16 +42,7 @@ def verdict_conversations(
         item = context.items[batch_indices[leaf]]
         turns = history(index, node_ids[leaf])
         chats = [
-            training_conversation(
-                context.protocol,
-                verifier,
-                context.agent_params[verifier],
-                item.datapoint,
-                turns,
-                item.episode_seed,
-                replace_verifier_decision_with=verdict,
-            )
-            for verdict in (ACCEPT, REJECT)
+            agent_chat(context, verifier, item, turns, verdict) for verdict in (ACCEPT, REJECT)
         ]
         accept, reject = (None if c is None else fold_speaker_names(c) for c in chats)
         out.append((node_ids[leaf], item.datapoint.id, accept, reject))
