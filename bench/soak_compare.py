@@ -135,8 +135,11 @@ def with_job_ids(data: bytes, job_ids: Mapping[str, str]) -> bytes:
 def files_equal(ref: Path, run: Path, relative: str, job_ids: Mapping[str, str]) -> str | None:
     """None when equal, else why not."""
     want, got = ref.read_bytes(), run.read_bytes()
-    if relative.endswith((".json", ".jsonl")) or "/fine_tune/" in f"/{relative}":
-        got = with_job_ids(got, job_ids)  # a steps file names its job in its metadata
+    if relative.endswith((".json", ".jsonl")):
+        got = with_job_ids(got, job_ids)
+    if relative.endswith("-steps.parquet"):  # names its job in metadata, base64 inside Arrow's
+        same = steps_content(ref) == steps_content(run, job_ids)
+        return None if same else "training steps differ"
     if relative.rsplit("/", 1)[-1] == MANIFEST:
         try:
             same = without_volatile(json.loads(want), ref.parent) == without_volatile(
@@ -149,6 +152,19 @@ def files_equal(ref: Path, run: Path, relative: str, job_ids: Mapping[str, str])
         ref_rows, run_rows, _ = journal_rows(want, got, bool(job_ids))
         return None if sorted(ref_rows) == sorted(run_rows) else "call journal records differ"
     return None if want == got else f"bytes differ ({len(want)} vs {len(got)} bytes)"
+
+
+def steps_content(path: Path, job_ids: Mapping[str, str] | None = None) -> tuple:
+    """A training-steps file's rows and its own metadata, the run's job ids mapped."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    metadata = {
+        k.decode(): with_job_ids(v, job_ids or {}).decode()
+        for k, v in (table.schema.metadata or {}).items()
+        if not k.startswith((b"ARROW:", b"pandas"))
+    }
+    return table.to_pylist(), metadata
 
 
 def all_files(folder: Path) -> set[str]:
