@@ -6,15 +6,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from nip_core.experiment.auc import counts_from_indices
 from nip_core.experiment.stats import (
     METRICS,
     bootstrap,
-    paired_difference,
     per_datapoint,
     percentile_ci,
     resample_indices,
 )
-from nip_core.experiment.summary import summary_table, two_level
+from nip_core.experiment.summary import count_statistics, one_level_row, summary_table, two_level
 
 
 def episodes(arm: str, iteration: int, rows: list[tuple[int, int | None, int]]) -> pd.DataFrame:
@@ -63,9 +63,12 @@ def test_bootstrap_with_hand_drawn_resamples():
 
 
 def test_paired_difference_resamples_the_same_datapoints_on_both_sides():
-    trained, base = per_datapoint(TRAINED, DATAPOINTS), per_datapoint(BASE, DATAPOINTS)
-    indices = np.array([[0, 0], [1, 1], [0, 1]])
-    point, low, high = paired_difference(trained, base, METRICS["accuracy"], indices)
+    unscored = {"p_accept": np.nan}  # no verdict probabilities: AUC undefined, unused here
+    trained, base = TRAINED.assign(**unscored), BASE.assign(**unscored)
+    statistics = {"diff": count_statistics(trained, base, DATAPOINTS)["diff"]}
+    counts = counts_from_indices(np.array([[0, 0], [1, 1], [0, 1]]), 2)
+    row = one_level_row(statistics, counts)
+    point, low, high = row["diff_vs_base"], row["diff_ci_low"], row["diff_ci_high"]
     assert point == pytest.approx(3 / 4 - 2 / 4)
     # per resample: {1,1}: 1 - 0.5; {2,2}: 0.5 - 0.5; {1,2}: 0.75 - 0.5
     expected = np.percentile([0.5, 0.0, 0.25], [2.5, 97.5])

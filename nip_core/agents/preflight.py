@@ -45,36 +45,40 @@ def base_url(params: Any) -> str:
     return url.rstrip("/")
 
 
-def agent_problems(name: str, params: Any, trained: bool, probe: Probe) -> list[str]:
-    """What stops this agent's provider from serving the run (empty: nothing)."""
+def fine_tuning_problem(name: str, params: Any) -> str | None:
+    """Why a trained agent's provider cannot train it, or None."""
+    provider = provider_of(params)
+    if provider.name not in CANNOT_FINE_TUNE:
+        return None
+    return (
+        f"agent {name} (provider {provider.name}) is trained but {provider.name} cannot "
+        f"fine-tune; set agents.{name}.freeze_agent=true or use OpenAI or SelfHosted"
+    )
+
+
+def endpoint_problems(name: str, params: Any, probe: Probe) -> list[str]:
+    """What stops the agent's endpoint from answering it (empty: nothing)."""
     provider = provider_of(params)
     who = f"agent {name} (provider {provider.name})"
-    problems = []
-    if trained and provider.name in CANNOT_FINE_TUNE:
-        problems.append(
-            f"{who} is trained but {provider.name} cannot fine-tune; set "
-            f"agents.{name}.freeze_agent=true or use OpenAI or SelfHosted"
-        )
     url = base_url(params)
     if provider.self_hosted and (urlparse(url).hostname or "") in LOOPBACK:
-        return problems  # the run starts our server here when nothing answers
+        return []  # the run starts our server here when nothing answers
     _, key_env = api_endpoint(params)
-    if provider.key_required and not os.environ.get(key_env or ""):
-        return [*problems, f"{who} needs the API key in ${key_env}, which is not set"]
     key = os.environ.get(key_env or "")
+    if provider.key_required and not key:
+        return [f"{who} needs the API key in ${key_env}, which is not set"]
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
         status = probe(f"{url}/models", headers)
     except httpx.HTTPError as e:
-        reason = type(e).__name__
-        return [*problems, f"{who}: nothing answers at {url} ({reason}); check the base URL"]
+        return [f"{who}: nothing answers at {url} ({type(e).__name__}); check the base URL"]
     if status in (401, 403):
-        problems.append(f"{who}: {url} rejects the key in ${key_env} (HTTP {status})")
-    elif status == 404:
-        problems.append(f"{who}: {url}/models not found (HTTP 404); is the base URL right?")
-    elif status >= 400:
-        problems.append(f"{who}: {url}/models answered HTTP {status}")
-    return problems
+        return [f"{who}: {url} rejects the key in ${key_env} (HTTP {status})"]
+    if status == 404:
+        return [f"{who}: {url}/models not found (HTTP 404); is the base URL right?"]
+    if status >= 400:
+        return [f"{who}: {url}/models answered HTTP {status}"]
+    return []
 
 
 def provider_problems(
@@ -82,20 +86,17 @@ def provider_problems(
 ) -> list[str]:
     """Every problem of every agent that makes real model calls (the dummy API aside); one
     probe per distinct (endpoint, key)."""
-    seen: dict[tuple[str, str | None], list[str]] = {}
+    probed: set[tuple[str, str | None]] = set()
     problems = []
     for name, params in agent_params.items():
-        if getattr(params, "use_dummy_api", False):
-            continue
-        if params.model_provider not in PROVIDERS:
+        if getattr(params, "use_dummy_api", False) or params.model_provider not in PROVIDERS:
             continue  # parameter validation names an unknown provider
-        key = (base_url(params), api_endpoint(params)[1])
-        cached = seen.get(key)
-        if cached is None:
-            cached = seen[key] = agent_problems(name, params, name in trained, probe)
-            problems += cached
-        elif name in trained and params.model_provider in CANNOT_FINE_TUNE:
-            problems += agent_problems(name, params, True, lambda *_: 200)
+        if name in trained and (problem := fine_tuning_problem(name, params)):
+            problems.append(problem)
+        endpoint = (base_url(params), api_endpoint(params)[1])
+        if endpoint not in probed:
+            probed.add(endpoint)
+            problems += endpoint_problems(name, params, probe)
     return problems
 
 

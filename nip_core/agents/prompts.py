@@ -275,6 +275,11 @@ def chat_messages(
     return chat
 
 
+def verdict_text(verdict: int) -> str:
+    """The verifier's reply that gives `verdict` and nothing else ("Decision: accept")."""
+    return f"Decision: {stance_string(verdict)}"
+
+
 def training_conversation(
     protocol: Protocol,
     agent_name: str,
@@ -303,5 +308,5 @@ def training_conversation(
     if replace_verifier_decision_with is not None:
         if not protocol.agent(agent_name).is_verifier:
             raise ValueError(f"only the verifier's decision can be replaced, not {agent_name!r}")
-        content = f"Decision: {stance_string(replace_verifier_decision_with)}"
+        content = verdict_text(replace_verifier_decision_with)
     return chat + [{"role": "assistant", "content": content}]

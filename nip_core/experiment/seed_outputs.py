@@ -21,11 +21,11 @@ from nip_core.run.iteration_files import (
     EXPERIMENT_HTML,
     EXPERIMENT_PNG,
     EXPERIMENT_TIMINGS_FILE,
-    FINE_TUNE_STEPS_FILE,
     NODES_FILE,
     SEED_FILES,
     SUMMARY_FILE,
     TRAINING_FILE,
+    fine_tune_steps,
     seed_folder,
     steps_group,
 )
@@ -74,7 +74,7 @@ def training_table(arm_paths: dict[str, RunPaths], seed: int, iterations: int) -
     frames = []
     for arm, paths in arm_paths.items():
         for it in range(iterations):
-            pattern = paths.iteration_file(it, FINE_TUNE_STEPS_FILE.format(group="*"))
+            pattern = paths.iteration_file(it, fine_tune_steps("*"))
             for path in sorted(paths.fs.glob(pattern)):
                 steps, summary = read_training(paths.fs, path)
                 entry = (seed, arm, it + 1, steps, summary)
@@ -120,9 +120,9 @@ def write_outputs(
     experiment = pd.concat(frames, ignore_index=True)
     summary = summary_table(experiment, resamples=resamples, seed=seed, timings=timings)
     fs, root = experiment_paths.fs, experiment_paths.run_dir
-    for name, frame in ((EXPERIMENT_FILE, experiment), (SUMMARY_FILE, summary)):
+    tables = ((EXPERIMENT_FILE, experiment), (SUMMARY_FILE, summary), (TRAINING_FILE, training))
+    for name, frame in tables:
         write_arrow(fs, f"{root}/{name}", pa.Table.from_pandas(frame, preserve_index=False))
-    write_arrow(fs, f"{root}/{TRAINING_FILE}", pa.Table.from_pandas(training, preserve_index=False))
     png = learning_curves_png(summary)
     write_bytes(fs, f"{root}/{EXPERIMENT_PNG}", png)
     page = experiment_html(summary, png, title, training_html(training))

@@ -1,8 +1,8 @@
-"""Experiment statistics: per-episode rows, bootstrap confidence intervals, the summary table.
+"""Experiment statistics: per-episode rows, metrics and bootstrap confidence intervals.
 
 Every interval is a 95 % percentile bootstrap that resamples *test datapoints* (all samples of a
 datapoint move together, since they share its difficulty), seeded, so a summary is reproducible.
-A paired difference resamples the same datapoints for both sides: the base model and a trained
+A paired difference (summary.py) resamples the same datapoints for both sides: the base model and a trained
 model are evaluated on identical datapoints and episode seeds, which is what makes small
 improvements measurable. Pure: pandas/numpy in, pandas out.
 """
@@ -122,14 +122,4 @@ def bootstrap(
     """(point estimate, CI low, CI high) of `statistic` over datapoints resampled by `indices`."""
     point = float(statistic(sums.sum(axis=0)))
     resampled = statistic(sums[indices].sum(axis=1))
-    return (point, *percentile_ci(resampled))
-
-
-def paired_difference(
-    sums: np.ndarray, base_sums: np.ndarray, statistic: Statistic, indices: np.ndarray
-) -> tuple[float, float, float]:
-    """(difference, CI low, CI high) of statistic(sums) - statistic(base_sums), where every
-    resample takes the same datapoints on both sides (rows of both arrays are aligned)."""
-    point = float(statistic(sums.sum(axis=0)) - statistic(base_sums.sum(axis=0)))
-    resampled = statistic(sums[indices].sum(axis=1)) - statistic(base_sums[indices].sum(axis=1))
     return (point, *percentile_ci(resampled))

@@ -101,22 +101,27 @@ def curves(own: pd.DataFrame, base: pd.DataFrame) -> list[tuple[int, pd.DataFram
     return groups if any(it == 0 for it, _ in groups) else [(0, base), *groups]
 
 
-def base_datapoints(experiment: pd.DataFrame, seed: int, base_arm: str) -> np.ndarray:
-    """The sorted datapoints a seed's base model was evaluated on."""
+def seed_base(
+    experiment: pd.DataFrame, seed: int, base_arm: str
+) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
+    """(the seed's rows, its base model's rows, the sorted datapoints the base was evaluated
+    on)."""
     own = experiment[experiment["seed"] == seed]
     base = own[(own["arm"] == base_arm) & (own["iteration"] == 0)]
     if base.empty:
         raise ValueError(f"seed {seed}: no rows of the base model (arm {base_arm!r}, iteration 0)")
-    return np.sort(base["datapoint_id"].unique())
+    return own, base, np.sort(base["datapoint_id"].unique())
 
 
 def seed_rows(
-    experiment: pd.DataFrame, seed: int, base_arm: str, counts: np.ndarray
+    seed: int,
+    parts: tuple[pd.DataFrame, pd.DataFrame, np.ndarray],
+    base_arm: str,
+    counts: np.ndarray,
 ) -> tuple[list[dict], dict[tuple[str, int], dict]]:
-    """One seed's summary rows and its statistics per (arm, iteration)."""
-    own = experiment[experiment["seed"] == seed]
-    base = own[(own["arm"] == base_arm) & (own["iteration"] == 0)]
-    datapoints = base_datapoints(experiment, seed, base_arm)
+    """One seed's summary rows and its statistics per (arm, iteration); `parts` as
+    `seed_base` gives them."""
+    own, base, datapoints = parts
     rows, cells = [], {}
     for arm in [a for a in dict.fromkeys(own["arm"]) if a != base_arm]:
         for iteration, frame in curves(own[own["arm"] == arm], base):
@@ -164,8 +169,10 @@ def summary_table(
     missing = set(EXPERIMENT_COLUMNS) - set(experiment.columns)
     if missing:
         raise ValueError(f"experiment table lacks columns {sorted(missing)}")
-    seeds = sorted(int(s) for s in experiment["seed"].unique())
-    sizes = {len(base_datapoints(experiment, s, base_arm)) for s in seeds}
+    parts = {
+        int(s): seed_base(experiment, int(s), base_arm) for s in sorted(experiment["seed"].unique())
+    }
+    sizes = {len(datapoints) for _, _, datapoints in parts.values()}
     if len(sizes) != 1:
         raise ValueError(
             f"seeds were evaluated on different numbers of datapoints: {sorted(sizes)}"
@@ -174,8 +181,8 @@ def summary_table(
     # Every seed resamples its datapoints with the same draws (common random numbers).
     counts = counts_from_indices(resample_indices(n, resamples, seed), n)
     rows, by_cell = [], {}
-    for s in seeds:
-        own_rows, cells = seed_rows(experiment, s, base_arm, counts)
+    for s, seed_parts in parts.items():
+        own_rows, cells = seed_rows(s, seed_parts, base_arm, counts)
         rows += own_rows
         for key, statistics in cells.items():
             by_cell.setdefault(key, []).append(statistics)

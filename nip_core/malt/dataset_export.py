@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from nip_core.agents import chat_messages, training_conversation
-from nip_core.agents.prompts import stance_string
+from nip_core.agents.prompts import verdict_text
 from nip_core.episode import ACCEPT, REJECT
 from nip_core.malt import schemas
 from nip_core.malt.rollout_tree import BatchItem, history, turns_by_node
@@ -106,28 +106,22 @@ def guess_replaced_pairs(
         return []
     rng = np.random.default_rng(stable_int("malt-guess", run_seed, context.iteration, verifier))
     batch_indices = nodes.column("batch_index").to_pylist()
-    index = turns_by_node(nodes)
-    node_ids = nodes.column("node_id").to_pylist()
     parent_ids = nodes.column("parent_id").to_pylist()
-    truth_of, conversations = {}, {}
-    for leaf in distinct_verifier_chats(nodes, context, index, leaves):
-        item = context.items[batch_indices[leaf]]
-        truth = ACCEPT if item.datapoint.y == 1 else REJECT
-        conversations[leaf] = agent_chat(
-            context, verifier, item, history(index, node_ids[leaf]), truth
-        )
-        truth_of[leaf] = truth
+    prompts = distinct_verifier_chats(nodes, context, leaves)
+    truth_of = {
+        leaf: ACCEPT if context.items[batch_indices[leaf]].datapoint.y == 1 else REJECT
+        for leaf in prompts
+    }
     unique = np.array(sorted(truth_of), dtype=np.int64)
     rows = []
     for leaf in balanced_share(unique, truth_of, p, rng):
-        item, conversation = context.items[batch_indices[leaf]], conversations[leaf]
-        false = f"Decision: {stance_string(REJECT if truth_of[leaf] == ACCEPT else ACCEPT)}"
+        item, prompt, truth = context.items[batch_indices[leaf]], prompts[leaf], truth_of[leaf]
         rows.append(
             {
-                "openai_prompt": openai_messages(conversation[:-1]),
-                "prompt": fold_speaker_names(conversation[:-1]),
-                "chosen": _assistant(conversation[-1]["content"]),
-                "rejected": _assistant(false),
+                "openai_prompt": openai_messages(prompt),
+                "prompt": fold_speaker_names(prompt),
+                "chosen": _assistant(verdict_text(truth)),
+                "rejected": _assistant(verdict_text(REJECT if truth == ACCEPT else ACCEPT)),
                 "iteration": context.iteration,
                 "agent": verifier,
                 "datapoint_id": item.datapoint.id,
@@ -159,15 +153,17 @@ def agent_chat(
 
 
 def distinct_verifier_chats(
-    nodes: pa.Table, context: ExportContext, index, leaves: np.ndarray
-) -> list[int]:
+    nodes: pa.Table, context: ExportContext, leaves: np.ndarray
+) -> dict[int, list[dict]]:
     """The first leaf of each distinct chat the verifier's last reply came from (where the
-    verifier spoke). Siblings sampled from one chat (the solo verifier's K answers) would give
-    the same label pair K times: a K-fold step on that problem, not more data."""
+    verifier spoke) -> that chat, the reply left out. Siblings sampled from one chat (the solo
+    verifier's K answers) would give the same label pair K times: a K-fold step on that
+    problem, not more data."""
     verifier = context.protocol.verifier_name
+    index = turns_by_node(nodes)
     batch_indices = nodes.column("batch_index").to_pylist()
     node_ids = nodes.column("node_id").to_pylist()
-    seen, out = set(), []
+    seen, out = set(), {}
     for leaf in leaves.tolist():
         item = context.items[batch_indices[leaf]]
         chat = agent_chat(context, verifier, item, history(index, node_ids[leaf]))
@@ -176,7 +172,7 @@ def distinct_verifier_chats(
         key = json.dumps(chat[:-1], sort_keys=True)
         if key not in seen:
             seen.add(key)
-            out.append(leaf)
+            out[leaf] = chat[:-1]
     return out
 
 
@@ -185,7 +181,7 @@ def alternate_verdicts(rows: Sequence[dict], column: str) -> list[dict]:
     with those ending in "Decision: reject" (each kept in its order), then the rest. Trained
     in this order (no shuffling), every optimizer step of an even number of rows sees both
     verdicts as often, so no step moves the verifier's bias alone."""
-    verdict = {"Decision: accept": 0, "Decision: reject": 1}
+    verdict = {verdict_text(ACCEPT): 0, verdict_text(REJECT): 1}
     queues: list[list[dict]] = [[], [], []]
     for row in rows:
         queues[verdict.get((row[column][-1].get("content") or "").strip(), 2)].append(row)

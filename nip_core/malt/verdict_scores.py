@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
+from nip_core.agents.prompts import verdict_text
 from nip_core.episode import ACCEPT, REJECT
 from nip_core.malt.dataset_export import ExportContext, agent_chat, leaf_indices
 from nip_core.malt.rollout_tree import history, turns_by_node
@@ -41,10 +42,13 @@ def verdict_conversations(
     for leaf in leaf_indices(nodes).tolist():
         item = context.items[batch_indices[leaf]]
         turns = history(index, node_ids[leaf])
-        chats = [
-            agent_chat(context, verifier, item, turns, verdict) for verdict in (ACCEPT, REJECT)
-        ]
-        accept, reject = (None if c is None else fold_speaker_names(c) for c in chats)
+        chat = agent_chat(context, verifier, item, turns)
+        accept, reject = (
+            None
+            if chat is None
+            else fold_speaker_names([*chat[:-1], {"role": "assistant", "content": verdict_text(v)}])
+            for v in (ACCEPT, REJECT)
+        )
         out.append((node_ids[leaf], item.datapoint.id, accept, reject))
     return out
 

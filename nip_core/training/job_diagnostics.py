@@ -23,7 +23,7 @@ import pandas as pd
 import pyarrow as pa
 
 from nip_core.run.artifacts import ArtifactError, RunPaths, read_parquet, write_parquet
-from nip_core.run.iteration_files import FINE_TUNE_STEPS_FILE
+from nip_core.run.iteration_files import fine_tune_steps
 from nip_core.training.fine_tune_jobs import LOCAL_JOB_IDS, with_backoff
 
 log = logging.getLogger(__name__)
@@ -160,7 +160,7 @@ async def record_training_diagnostics(paths: RunPaths, iteration: int, group: An
     job_id = group.state.fine_tune_job_id
     if job_id is None or job_id in LOCAL_JOB_IDS or group.client is None:
         return None
-    path = paths.iteration_file(iteration, FINE_TUNE_STEPS_FILE.format(group=group.name))
+    path = paths.iteration_file(iteration, fine_tune_steps(group.name))
     if paths.fs.exists(path):
         try:
             steps, dataset, written_for = read_steps(paths.fs, path)
