@@ -44,3 +44,16 @@ def pytest_collection_modifyitems(items):
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: the order within a rank is pytest's
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test's report carries the state and log tail of every server it had running:
+    a server that died shows on the client only as a reset connection."""
+    report = yield
+    if report.failed:
+        from tests.conftest_lm import LIVE_SERVERS
+
+        for server in LIVE_SERVERS:
+            report.sections.append(("language-model server", server.describe()))
+    return report

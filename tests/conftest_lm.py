@@ -17,6 +17,7 @@ import httpx
 import openai
 
 REPO = Path(__file__).resolve().parent.parent
+LIVE_SERVERS: list[Server] = []  # read by conftest's report hook when a test fails
 
 
 def free_port() -> int:
@@ -42,6 +43,17 @@ class Server:
         command += ["--state-dir", str(state_dir), *args]
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        LIVE_SERVERS.append(self)
+
+    def describe(self, chars: int = 3000) -> str:
+        """The server's state and the tail of its log, for a failing test's report."""
+        code = self.proc.poll()
+        state = "running" if code is None else f"exited with code {code}"
+        try:
+            tail = self.log.read_text(errors="replace")[-chars:]
+        except OSError as exc:
+            tail = f"(log unreadable: {exc})"
+        return f"{self.url} ({state}), log {self.log}:\n{tail}"
 
     def wait_ready(self, timeout: float = 120) -> Server:
         deadline = time.monotonic() + timeout
@@ -62,6 +74,8 @@ class Server:
         )
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self in LIVE_SERVERS:
+            LIVE_SERVERS.remove(self)
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:

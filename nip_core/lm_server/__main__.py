@@ -18,6 +18,10 @@ from pathlib import Path
 from nip_core.lm_server.engines import ENGINE_NAMES, make_engine
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# Idle keep-alive connections are closed by the client first: httpx (the OpenAI SDK, our chat
+# client) drops them after 5 s, and a server closing at the same 5 s (uvicorn's default) races a
+# request sent on the closing connection, which the client sees as "connection reset by peer".
+KEEP_ALIVE_SECONDS = 75
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -170,7 +174,13 @@ def main(argv: list[str] | None = None) -> None:
         deepspeed_config=args.train_deepspeed_config,
         allow_any_adapter_path=args.allow_adapters_anywhere,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+    )
 
 
 if __name__ == "__main__":

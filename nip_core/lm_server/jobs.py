@@ -166,7 +166,7 @@ class JobManager:
             if was_active:
                 pid, start = job["_pid"], job.get("_pid_start")
                 await asyncio.to_thread(procs.kill_group, pid, start)
-                self._reap(job_id)
+                await self._reap(job_id)
             self._finish(job, "cancelled", message="Fine-tuning job cancelled")
             if was_active:
                 await self.engine.reacquire_accelerator()
@@ -286,7 +286,7 @@ class JobManager:
             job["status"] = "running"
             self._save(job)
         if state in ("succeeded", "failed") or not self._child_alive(job):
-            self._reap(job["id"])
+            await self._reap(job["id"])
             await self.engine.reacquire_accelerator()
             if state == "succeeded":
                 await self._publish(job, status)
@@ -346,11 +346,13 @@ class JobManager:
         pid = job.get("_pid")
         return pid is not None and procs.is_alive(pid, job.get("_pid_start"))
 
-    def _reap(self, job_id: str) -> None:
+    async def _reap(self, job_id: str) -> None:
+        """Collect a finished child's exit status, waiting in a thread: a child still tearing down
+        must not hold the event loop (every request, health checks included, would wait)."""
         child = self._children.pop(job_id, None)
         if child is not None:
             try:
-                child.wait(timeout=5)
+                await asyncio.to_thread(child.wait, 5)
             except subprocess.TimeoutExpired:
                 pass
 

@@ -60,6 +60,9 @@ class VllmInstance:
         self.client = httpx.AsyncClient(
             base_url=self.config.base_url,
             timeout=httpx.Timeout(self.request_timeout, connect=10),
+            # vLLM's uvicorn closes idle connections after 5 s: ours close first, or a request on
+            # a connection it is closing comes back as "connection reset by peer"
+            limits=httpx.Limits(keepalive_expiry=2.0),
             trust_env=False,  # never route localhost traffic through an HTTP proxy from the env
         )
         try:
