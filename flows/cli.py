@@ -16,11 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+import httpx
+import openai
 import yaml
 from pydantic import BaseModel, Field
 
-from flows.lm_server import lm_server_for
+from flows.lm_server import EndpointUnreachableError, lm_server_for
+from nip_core.agents.chat_client import ModelCallError
 from nip_core.agents.preflight import check_providers
+from nip_core.lm_server.launch import ServerHandle
 from nip_core.parameters import HyperParameters, load_hyper_params
 from nip_core.parameters.hyper import InteractionProtocolType, TrainerType
 from nip_core.run.artifacts import ArtifactError, RunPaths, default_root
@@ -34,6 +38,7 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.y
 # What a user can fix: each ends a command with one line and exit status 2 (before anything
 # runs, any ValueError of the checks counts too).
 USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, ArtifactError, RunLockedError)
+ENDPOINT_GONE_EXIT = 3  # a model server stopped answering mid-run (bad input is 2)
 
 
 class RunSettings(BaseModel):
@@ -112,6 +117,7 @@ class OpenRun:
     paths: RunPaths
     task_runner: TaskRunnerKind = "thread"
     task_runner_address: str | None = None
+    server: ServerHandle | None = None  # the self-hosted server the run uses, if any
 
     def context(self, iteration: int) -> IterationContext:
         """The iteration's context, from the models the previous iteration switched to."""
@@ -144,8 +150,8 @@ def open_run(
     root = root or default_root()
     with lock_run_folder(RunPaths.open(root, run_name)):
         paths = prepare_run(hp, root, run_name)
-        with lm_server_for(paths, build_context(hp, run_name, 0)):
-            yield OpenRun(hp, run_name, paths, task_runner, task_runner_address)
+        with lm_server_for(paths, build_context(hp, run_name, 0)) as server:
+            yield OpenRun(hp, run_name, paths, task_runner, task_runner_address, server)
 
 
 def resolve_hyper_params(config: str | None, overrides: list[str] | None) -> HyperParameters:
@@ -245,6 +251,51 @@ def run_command(args: argparse.Namespace, check: Callable[[], T], run: Callable[
         return run(checked)
     except USER_ERRORS as e:
         return _user_error(args, e)
+    except Exception as e:
+        url = unreachable_endpoint(e)
+        if url is None or getattr(args, "debug", False):
+            raise
+        print(
+            f"error: the model server at {url} stopped answering ({_one_line(e)[:300]}); "
+            "start it again (or fix its address) and rerun the same command: finished work "
+            "is kept",
+            file=sys.stderr,
+        )
+        return ENDPOINT_GONE_EXIT
+
+
+def unreachable_endpoint(error: BaseException) -> str | None:
+    """The endpoint (scheme://host:port) behind a failure that is a server not answering at all
+    (connection refused or reset, after every retry), searched along the error's causes; None
+    for any other failure."""
+    seen: set[int] = set()
+    pending = [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        url = _unreachable_url(current)
+        if url is not None:
+            return url
+        pending += [current.__cause__, current.__context__]
+        if isinstance(current, BaseExceptionGroup):
+            pending += list(current.exceptions)
+    return None
+
+
+def _unreachable_url(error: BaseException) -> str | None:
+    if isinstance(error, ModelCallError):
+        return error.unreachable_url
+    if isinstance(error, EndpointUnreachableError):
+        return error.url
+    if isinstance(error, openai.APIConnectionError | httpx.TransportError):
+        try:
+            url = error.request.url  # httpx raises RuntimeError when no request is attached
+        except (AttributeError, RuntimeError):
+            return None
+        return f"{url.scheme}://{url.host}:{url.port}" if url.port else f"{url.scheme}://{url.host}"
+    return None
 
 
 def _user_error(args: argparse.Namespace, error: BaseException) -> int:

@@ -1,26 +1,42 @@
-"""Start the self-hosted language-model server when a run needs it and nothing answers.
+"""The run's self-hosted language-model server: its own, found again, shared, or started.
 
 Which agents are self-hosted, on which port, with which engine and flags is read here from the
-run's agent settings; `nip_core.lm_server.launch` starts the process. The server's state goes
-under the run folder (`<run>/lm_server/`). A flow stops only a server it started itself.
+run's agent settings; `nip_core.lm_server.launch` starts the process and `supervise` restarts
+it when it dies. The server's state goes under the run folder (`<run>/lm_server/`), and its
+`/health` names the run that owns it, so two runs never share one by accident: a run whose
+port answers with another run's server starts its own on a free port (and points its clients
+there through `NIP_LM_SERVER_URL`); `language_model_server_shared` shares one on purpose. A
+flow stops only a server it started itself (a shared one: never).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
-from nip_core.agents.clients import provider_of
-from nip_core.lm_server.launch import ServerHandle, is_up, start_server
+from nip_core.agents.clients import SERVER_URL_ENV, provider_of
+from nip_core.lm_server.launch import (
+    ServerHandle,
+    default_timeout,
+    free_port,
+    port_is_free,
+    same_folder,
+    server_command,
+    server_identity,
+)
+from nip_core.lm_server.supervise import SupervisedServer
 from nip_core.run.artifacts import RunPaths
 from nip_core.run.iteration_context import IterationContext
 from nip_core.run.iteration_files import LM_SERVER_DIR
 
 ENGINE_ENV = "NIP_LM_SERVER_ENGINE"  # transformers | vllm | dummy; beats the config key
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+log = logging.getLogger(__name__)
+SHARED_OWNER = "shared"  # the owner a shared server reports: any run may use it
 
 
 def self_hosted_agents(context: IterationContext) -> list:
@@ -33,7 +49,12 @@ def self_hosted_agents(context: IterationContext) -> list:
 
 
 def self_hosted_endpoint(context: IterationContext) -> tuple[str, str, int] | None:
-    """(scheme://host, host, port) of the server the run needs, or None."""
+    """(scheme://host, host, port) of the server the run needs, or None: `$NIP_LM_SERVER_URL`
+    when set, else the first self-hosted agent's settings."""
+    if self_hosted_agents(context) and os.environ.get(SERVER_URL_ENV):
+        parsed = urlparse(os.environ[SERVER_URL_ENV])
+        host = parsed.hostname or "127.0.0.1"
+        return f"{parsed.scheme}://{host}", host, parsed.port or 80
     for params in self_hosted_agents(context):
         scheme_host = params.language_model_server_scheme_host.rstrip("/")
         host = urlparse(scheme_host).hostname or "127.0.0.1"
@@ -78,31 +99,148 @@ def server_options(context: IterationContext, engine: str) -> list[str]:
     return options
 
 
+class EndpointUnreachableError(RuntimeError):
+    """A model server the run depends on, and did not start, does not answer."""
+
+    def __init__(self, url: str, message: str) -> None:
+        super().__init__(message)
+        self.url = url
+
+
 def ensure_lm_server(
     paths: RunPaths, context: IterationContext, timeout: float | None = None
 ) -> ServerHandle | None:
-    """The run's server: None when no agent is self-hosted, a handle without a process when it
-    already answers, else a server started on this machine (RuntimeError for a remote host)."""
+    """The run's server: None when no agent is self-hosted; a handle without a process for a
+    server the run uses but does not stop (a remote one, a shared one, its own left over from a
+    killed invocation is stopped by pid); else a supervised server started on this machine, on
+    the configured port or, when another run's server holds it, on a free one."""
     endpoint = self_hosted_endpoint(context)
     if endpoint is None:
         return None
     scheme_host, host, port = endpoint
     url = f"{scheme_host}:{port}"
-    if is_up(url):
-        return ServerHandle(url, None)
+    identity = server_identity(url)
     if host not in LOOPBACK:
-        raise RuntimeError(f"the language-model server at {url} does not answer; start it there")
-    state_dir = Path(paths.run_dir) / LM_SERVER_DIR if paths.is_local else None
+        if identity is None:
+            raise EndpointUnreachableError(
+                url, f"the language-model server at {url} does not answer; start it there"
+            )
+        return ServerHandle(url, None)
+    first = self_hosted_agents(context)[0]
+    shared = first.language_model_server_shared
+    state_dir = _state_dir(paths, port, shared)
+    if identity is not None:
+        if same_folder(identity.get("state_dir"), state_dir):
+            log.warning("using this run's own server at %s (pid %s)", url, identity.get("pid"))
+            return ServerHandle(url, None, pid=None if shared else identity.get("pid"))
+        if shared or identity.get("owner") in (None, SHARED_OWNER):
+            # shared on purpose, or started by hand (`python -m nip_core.lm_server`): for runs
+            log.warning(
+                "using the server at %s (%s); this run will not stop it", url, _describe(identity)
+            )
+            return ServerHandle(url, None)
+        port = _other_port(port, f"the server at {url} is another run's ({_describe(identity)})")
+    elif not port_is_free(host, port):
+        port = _other_port(port, f"port {port} is in use by a process that is not our server")
+    try:
+        return _start(scheme_host, port, context, paths, state_dir, timeout, shared)
+    except RuntimeError:
+        # Two runs started together may both have found the port free; the loser moves.
+        winner = server_identity(f"{scheme_host}:{port}")
+        if shared or winner is None or same_folder(winner.get("state_dir"), state_dir):
+            raise
+        port = _other_port(port, f"another run's server took port {port} ({_describe(winner)})")
+        return _start(scheme_host, port, context, paths, state_dir, timeout, shared)
+
+
+def _state_dir(paths: RunPaths, port: int, shared: bool) -> Path | None:
+    """The run's `<run>/lm_server/`; a shared server's sits beside the run folder."""
+    if not paths.is_local:
+        return None
+    run_dir = Path(paths.run_dir)
+    return run_dir.parent / f"lm_server-shared-{port}" if shared else run_dir / LM_SERVER_DIR
+
+
+def _describe(identity: dict) -> str:
+    owner = identity.get("owner") or "none: started outside any run"
+    return f"owner {owner}, state {identity.get('state_dir')}"
+
+
+def _other_port(port: int, why: str) -> int:
+    chosen = free_port()
+    log.warning(
+        "%s; this run starts a server of its own on port %d instead of %d "
+        "(language_model_server_shared: true shares one)",
+        why, chosen, port,
+    )  # fmt: skip
+    return chosen
+
+
+def _start(
+    scheme_host: str,
+    port: int,
+    context: IterationContext,
+    paths: RunPaths,
+    state_dir: Path | None,
+    timeout: float | None,
+    shared: bool,
+) -> ServerHandle:
     engine = server_engine(context)
-    return start_server(url, port, engine, server_options(context, engine), state_dir, timeout)
+    options = server_options(context, engine)
+    if "--vllm-port" in options:
+        at = options.index("--vllm-port") + 1
+        options[at] = str(_free_port_pair(int(options[at])))
+    owner = SHARED_OWNER if shared else str(paths.run_dir)
+    command = server_command(port, engine, options, state_dir, owner)
+    url = f"{scheme_host}:{port}"
+    state_dir = state_dir or Path(".")
+    first = self_hosted_agents(context)[0]
+    server = SupervisedServer(
+        url,
+        command,
+        state_dir,
+        default_timeout(engine) if timeout is None else timeout,
+        max_restarts=0 if shared else first.language_model_server_max_restarts,
+    )
+    server.start()
+    log.warning("this run's language-model server: %s (state %s)", url, state_dir)
+    if shared:
+        server.detach()
+    return server
+
+
+def _free_port_pair(preferred: int, host: str = "127.0.0.1") -> int:
+    """`preferred` when it and the next port are free (vLLM may use both), else such a pair."""
+    candidate = preferred
+    for _ in range(50):
+        if port_is_free(host, candidate) and port_is_free(host, candidate + 1):
+            return candidate
+        candidate = free_port(host)
+    raise RuntimeError("found no two free ports in a row for vLLM")
 
 
 @contextlib.contextmanager
 def lm_server_for(paths: RunPaths, context: IterationContext) -> Iterator[ServerHandle | None]:
-    """`ensure_lm_server` for the duration of a block; a server it started stops afterwards."""
+    """`ensure_lm_server` for the duration of a block: its URL is the one the run's clients use
+    (`NIP_LM_SERVER_URL` while it differs from the configured one); a server it started stops
+    afterwards."""
+    configured = self_hosted_endpoint(context)
     server = ensure_lm_server(paths, context)
+    previous = os.environ.get(SERVER_URL_ENV)
+    moved = (
+        server is not None
+        and configured is not None
+        and server.url != (f"{configured[0]}:{configured[2]}")
+    )
+    if moved:
+        os.environ[SERVER_URL_ENV] = server.url
     try:
         yield server
     finally:
+        if moved:
+            if previous is None:
+                os.environ.pop(SERVER_URL_ENV, None)
+            else:
+                os.environ[SERVER_URL_ENV] = previous
         if server is not None:
             server.stop()

@@ -19,7 +19,7 @@ from nip_core.play.evaluation_stage import evaluation_done, evaluation_shards
 from nip_core.play.rollout_stage import pending_shards, record_shard
 from nip_core.run.artifacts import RunPaths, read_json
 from nip_core.run.iteration_context import IterationContext
-from nip_core.run.stages import stage_seconds
+from nip_core.run.stages import record_server_restarts, stage_seconds
 from nip_core.run.tracking import Tracker, log_iteration
 from tasks.batch import select_batch_task
 from tasks.evaluate import evaluate_shard_task, evaluate_task
@@ -103,14 +103,23 @@ def run_iteration(
     """One iteration of an open run: in this flow run (the default), or as a subflow whose task
     runner grows the rollout shards (the run's `task_runner` "dask" or "ray")."""
     context = run.context(iteration)
-    distributed = run.task_runner != "thread"
-    if not distributed and not as_subflow:
-        return run_iteration_stages(run.paths, context, tracker)
-    subflow = iteration_subflow
-    if distributed:
-        runner = make_task_runner(run.task_runner, run.task_runner_address)
-        subflow = iteration_subflow.with_options(task_runner=runner)
-    return subflow(run.paths, context, tracker, distributed)
+    restarts_before = len(server_restarts(run))
+    try:
+        distributed = run.task_runner != "thread"
+        if not distributed and not as_subflow:
+            return run_iteration_stages(run.paths, context, tracker)
+        subflow = iteration_subflow
+        if distributed:
+            runner = make_task_runner(run.task_runner, run.task_runner_address)
+            subflow = iteration_subflow.with_options(task_runner=runner)
+        return subflow(run.paths, context, tracker, distributed)
+    finally:
+        record_server_restarts(run.paths, context, server_restarts(run)[restarts_before:])
+
+
+def server_restarts(run: OpenRun) -> list[dict]:
+    """Restarts of the run's own server so far (none for a server it does not supervise)."""
+    return list(getattr(run.server, "restarts", []))
 
 
 def format_summary(paths: RunPaths, context: IterationContext, stats: dict) -> str:

@@ -59,7 +59,8 @@ def test_the_vllm_engine_gets_the_agents_vllm_server_port(tmp_path, monkeypatch)
         raise OSError("not starting anything in a test")
 
     monkeypatch.setenv(lm_server.ENGINE_ENV, "vllm")
-    monkeypatch.setattr(lm_server, "is_up", lambda url: False)
+    monkeypatch.setattr(lm_server, "server_identity", lambda url: None)
+    monkeypatch.setattr(lm_server, "port_is_free", lambda host, port: True)
     monkeypatch.setattr(subprocess, "Popen", fake_popen)
     context = build_context(hp, "r", 0)
     with pytest.raises(OSError):

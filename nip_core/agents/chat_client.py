@@ -47,13 +47,22 @@ class ModelCallError(RuntimeError):
     """A model call failed for good: a non-transient error, or retries were exhausted.
 
     `status` is the HTTP (or provider) status code when there was one; `transient` says whether
-    the last failure was of a retryable kind, so an outer layer may decide to try again later.
+    the last failure was of a retryable kind, so an outer layer may decide to try again later;
+    `unreachable_url` names the endpoint when the last try got no answer at all.
     """
 
-    def __init__(self, message: str, *, status: int | None = None, transient: bool = False):
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        transient: bool = False,
+        unreachable_url: str | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.transient = transient
+        self.unreachable_url = unreachable_url  # the endpoint no try could reach, if that was it
 
 
 def request_digest(messages: list[dict], model: str, n: int, sampling: SamplingParams) -> str:

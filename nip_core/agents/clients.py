@@ -88,6 +88,9 @@ PROVIDERS: dict[str, Provider] = {
 }  # fmt: skip
 
 
+SERVER_URL_ENV = "NIP_LM_SERVER_URL"  # the self-hosted server a run really uses
+
+
 def _param(agent_params: AgentSettings, name: str, default: Any = None) -> Any:
     """Read a field from a parameters object or a plain mapping."""
     if isinstance(agent_params, Mapping):
@@ -126,10 +129,19 @@ def api_endpoint(agent_params: AgentSettings) -> tuple[str | None, str | None]:
     provider = provider_of(agent_params)
     if not provider.self_hosted:
         return provider.base_url, provider.key_env
+    key_env = provider.key_env if os.environ.get(provider.key_env or "") else None
+    return f"{self_hosted_url(agent_params)}/v1", key_env
+
+
+def self_hosted_url(agent_params: AgentSettings) -> str:
+    """scheme://host:port of the self-hosted server: `$NIP_LM_SERVER_URL` when set (a run whose
+    configured port is another run's server sets it for itself, `flows/lm_server.py`), else the
+    agent's `language_model_server_scheme_host` and `language_model_server_port`."""
+    if os.environ.get(SERVER_URL_ENV):
+        return os.environ[SERVER_URL_ENV].rstrip("/")
     host = _param(agent_params, "language_model_server_scheme_host", "http://localhost")
     port = _param(agent_params, "language_model_server_port", 5000)
-    key_env = provider.key_env if os.environ.get(provider.key_env or "") else None
-    return f"{str(host).rstrip('/')}:{port}/v1", key_env
+    return f"{str(host).rstrip('/')}:{port}"
 
 
 def make_chat_client(

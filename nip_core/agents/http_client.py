@@ -217,6 +217,7 @@ class DirectHttpChatClient:
                 f"at {self.url}): {self._redact(exc.reason)}",
                 status=exc.status,
                 transient=True,
+                unreachable_url=self.url if exc.status is None else None,
             ) from None
 
     async def complete(

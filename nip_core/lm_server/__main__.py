@@ -32,6 +32,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", help="model path or name (default: embedded SmolLM2)")
     parser.add_argument("--state-dir", help="where files, jobs and adapters are kept")
     parser.add_argument(
+        "--owner",
+        default=None,
+        help="who started this server (a run folder): /health reports it, so another run can "
+        "tell whose server answers on a port",
+    )
+    parser.add_argument(
         "--fake-train-seconds",
         type=float,
         default=0.0,
@@ -169,6 +175,7 @@ def main(argv: list[str] | None = None) -> None:
         state_dir,
         token,
         base_name=public_name,
+        owner=args.owner,
         fake_seconds=args.fake_train_seconds,
         train_processes=args.train_processes,
         deepspeed_config=args.train_deepspeed_config,

@@ -9,6 +9,7 @@ SDK raises its usual exceptions.
 from __future__ import annotations
 
 import hmac
+import os
 import secrets
 import time
 from contextlib import asynccontextmanager
@@ -104,11 +105,13 @@ def create_app(
     token: str | None = None,
     *,
     base_name: str | None = None,
+    owner: str | None = None,
     max_body_bytes: int = 8 * 2**20,
     max_file_bytes: int = 512 * 2**20,
     **job_opts: Any,
 ) -> FastAPI:
-    """The server app for `engine`; `base_name` is the public name of the engine's base model.
+    """The server app for `engine`; `base_name` is the public name of the engine's base model,
+    `owner` who started it (reported by /health beside the state folder and the process id).
     Request bodies over `max_body_bytes` (uploaded files: `max_file_bytes`) get HTTP 413."""
     state = StateDir(state_dir)
     public_base = base_name or engine.models()[0]
@@ -128,6 +131,19 @@ def create_app(
     app.state.jobs = jobs
     app.add_middleware(BodySizeLimit, limit=max_body_bytes, file_limit=max_file_bytes)
     _add_auth_and_errors(app, token)
+    identity = {
+        "status": "ok",
+        "version": nip_core.__version__,
+        "engine": engine.name,
+        "owner": owner,
+        "state_dir": str(state.root.resolve()),
+        "pid": os.getpid(),
+    }
+
+    @app.get("/health")
+    async def health():
+        return identity
+
     _add_model_routes(app, engine, jobs, public_base)
     _add_file_routes(app, state)
     _add_job_routes(app, jobs)
@@ -207,10 +223,6 @@ def _add_model_routes(
             return model
         known = ", ".join([public_base, *engine.models()[1:]])
         raise JobError(f"model {model!r} is not served here; available: {known}", 404, "model")
-
-    @app.get("/health")
-    async def health():
-        return {"status": "ok", "version": nip_core.__version__, "engine": engine.name}
 
     @app.get("/v1/models")
     async def models():

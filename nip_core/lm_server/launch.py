@@ -1,14 +1,20 @@
-"""Start our language-model server as a process of its own and wait until it answers.
+"""Start our language-model server as a process of its own, and find out whose server answers.
 
 The server is started in its own session (it outlives a killed flow, so a rerun re-attaches to
-it and to its fine-tune jobs). Which port, engine and flags a run needs is the caller's business
-(`flows/lm_server.py` reads them from the agents' settings); this module knows only the
-server's command line, so the server package imports nothing of the pipeline.
+it and to its fine-tune jobs). Its `/health` names its owner (the run folder that started it),
+its state folder and its process, so a run can tell its own server from another run's on the
+same port (`server_identity`). Which port, engine and flags a run needs is the caller's business
+(`flows/lm_server.py` reads them from the agents' settings); this module knows only the server's
+command line, so the server package imports nothing of the pipeline. `supervise.py` keeps a
+run's own server up.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,8 +29,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ServerHandle:
+    """A server a run uses. `process`: the run started it; `pid`: the run's own server left by an
+    earlier, killed invocation; neither: another run's or the user's (never stopped)."""
+
     url: str
-    process: subprocess.Popen | None  # None: it was already running
+    process: subprocess.Popen | None
+    pid: int | None = None
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -33,46 +43,113 @@ class ServerHandle:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+        elif self.process is None and self.pid is not None:
+            _terminate_pid(self.pid)
+
+
+def _terminate_pid(pid: int, grace: float = 30.0) -> None:
+    """SIGTERM a server that is not our child, SIGKILL it when it is still there after `grace`."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            os.kill(pid, 0)
+            time.sleep(0.1)
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def server_identity(url: str, timeout: float = 2.0) -> dict | None:
+    """What `/health` at `url` says (owner, state_dir, pid, engine, version; an older or foreign
+    server may give fewer fields), or None when nothing answers there with 200."""
+    try:
+        response = httpx.get(f"{url}/health", timeout=timeout, trust_env=False)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
 def is_up(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
-    except httpx.HTTPError:
+    return server_identity(url) is not None
+
+
+def same_folder(a: str | Path | None, b: str | Path | None) -> bool:
+    """Whether two folder names are the same folder (None matches nothing)."""
+    if a is None or b is None:
         return False
+    return Path(a).resolve() == Path(b).resolve()
 
 
-def start_server(
-    url: str,
+def port_is_free(host: str, port: int) -> bool:
+    """Whether a server could listen on `host:port` now (nothing bound there)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the system has free now (it may be taken before it is used: callers re-check)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def server_command(
     port: int,
     engine: str,
     options: Sequence[str] = (),
     state_dir: Path | None = None,
-    timeout: float | None = None,
-) -> ServerHandle:
-    """Start `python -m nip_core.lm_server` on 127.0.0.1:`port` and wait until `url` answers.
-
-    Its output goes to `<state_dir>/server.log` (`./server.log` without a state folder). Raises
-    RuntimeError (with the log's tail) when it exits first, TimeoutError after `timeout` seconds
-    (default: 30 minutes for vLLM, whose start takes minutes on a busy CPU; 10 otherwise).
-    """
-    if timeout is None:
-        timeout = 1800.0 if engine == "vllm" else 600.0
+    owner: str | None = None,
+) -> list[str]:
+    """The command line of `python -m nip_core.lm_server` on 127.0.0.1:`port`."""
     command = [
         sys.executable, "-m", "nip_core.lm_server",
         "--engine", engine, "--host", "127.0.0.1", "--port", str(port), *options,
     ]  # fmt: skip
     if state_dir is not None:
-        state_dir.mkdir(parents=True, exist_ok=True)
         command += ["--state-dir", str(state_dir)]
-    log_path = (state_dir or Path(".")) / "server.log"
-    log.warning("starting the language-model server on %s (log: %s)", url, log_path)
+    if owner is not None:
+        command += ["--owner", owner]
+    return command
+
+
+def spawn_server(command: Sequence[str], log_path: Path) -> subprocess.Popen:
+    """Start the server command in a session of its own, its output appended to `log_path`."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log_file:
-        process = subprocess.Popen(
-            command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+        return subprocess.Popen(
+            list(command), stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
         )
+
+
+def wait_until_up(
+    url: str,
+    process: subprocess.Popen,
+    log_path: Path,
+    timeout: float,
+    state_dir: Path | None = None,
+) -> None:
+    """Wait until `process` answers at `url` (with `state_dir` as its state folder, when given:
+    another server that took the port does not count). RuntimeError, with the log's tail, when
+    it exits first; TimeoutError (the process killed) after `timeout` seconds."""
     deadline = time.monotonic() + timeout
-    while not is_up(url):
+    while True:
+        identity = server_identity(url)
+        if identity is not None and (
+            state_dir is None or same_folder(identity.get("state_dir"), state_dir)
+        ):
+            return
         if process.poll() is not None:
             tail = log_path.read_text(errors="replace")[-2000:]
             raise RuntimeError(
@@ -82,4 +159,33 @@ def start_server(
             process.kill()
             raise TimeoutError(f"the language-model server did not start within {timeout} s")
         time.sleep(0.5)
+
+
+def default_timeout(engine: str) -> float:
+    """Seconds to wait for a start: vLLM's takes minutes on a busy CPU."""
+    return 1800.0 if engine == "vllm" else 600.0
+
+
+def start_server(
+    url: str,
+    port: int,
+    engine: str,
+    options: Sequence[str] = (),
+    state_dir: Path | None = None,
+    timeout: float | None = None,
+    owner: str | None = None,
+) -> ServerHandle:
+    """Start `python -m nip_core.lm_server` on 127.0.0.1:`port` and wait until `url` answers.
+
+    Its output goes to `<state_dir>/server.log` (`./server.log` without a state folder). Raises
+    RuntimeError (with the log's tail) when it exits first, TimeoutError after `timeout` seconds
+    (`default_timeout`).
+    """
+    timeout = default_timeout(engine) if timeout is None else timeout
+    if state_dir is not None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+    log_path = (state_dir or Path(".")) / "server.log"
+    log.warning("starting the language-model server on %s (log: %s)", url, log_path)
+    process = spawn_server(server_command(port, engine, options, state_dir, owner), log_path)
+    wait_until_up(url, process, log_path, timeout, state_dir)
     return ServerHandle(url, process)

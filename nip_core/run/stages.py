@@ -59,6 +59,19 @@ def record_models_after(paths: RunPaths, context: IterationContext, models: dict
         save_manifest(paths, context.iteration, manifest)
 
 
+def record_server_restarts(
+    paths: RunPaths, context: IterationContext, restarts: list[dict]
+) -> None:
+    """Add restarts of the run's server during this iteration (cause, time, how long it was
+    away) to the manifest's `server_restarts`."""
+    if not restarts:
+        return
+    config_hash = context.hyper_params.config_hash()
+    manifest = load_manifest(paths, context.iteration, context.run_name, config_hash)
+    manifest["server_restarts"] = [*manifest.get("server_restarts", []), *restarts]
+    save_manifest(paths, context.iteration, manifest)
+
+
 def stage_seconds(manifest: dict) -> dict[str, float]:
     """Wall seconds per recorded stage (shards left out), in the order the stages ran."""
     return {

@@ -18,7 +18,7 @@ from dataclasses import asdict
 from typing import Any, Literal
 
 import nip_core
-from nip_core.agents.clients import provider_of
+from nip_core.agents.clients import provider_of, self_hosted_url
 from nip_core.training.fine_tune_jobs import (
     DUMMY_JOB_ID,
     FINGERPRINT_FIELD,
@@ -115,10 +115,7 @@ class SharedModelGroup(NipMethodNames):
             return
         import httpx
 
-        url = (
-            f"{self.params.language_model_server_scheme_host.rstrip('/')}:"
-            f"{self.params.language_model_server_port}/health"
-        )
+        url = f"{self_hosted_url(self.params)}/health"
         deadline = time.monotonic() + timeout
         async with httpx.AsyncClient(timeout=2.0) as http:
             while True:
