@@ -158,3 +158,27 @@ def test_exit_causes_read_as_words():
     assert exit_cause(-9) == "killed by SIGKILL"
     assert exit_cause(1) == "exited with 1"
     assert exit_cause(None) == "still running"
+
+
+def test_a_vllm_left_by_a_killed_server_is_ended_by_the_next_one(tmp_path):
+    import json
+    import subprocess
+
+    from nip_core.lm_server.engines.vllm.process import end_stale_vllm, pid_file
+    from nip_core.lm_server.procs import process_start_time
+
+    log_path = tmp_path / "vllm-8000.log"
+    orphan = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    record = {"pid": orphan.pid, "start": process_start_time(orphan.pid)}
+    pid_file(log_path, 8000).write_text(json.dumps(record))
+    assert end_stale_vllm(log_path, 8001) is None  # another port's record: none
+    assert end_stale_vllm(log_path, 8000) == orphan.pid
+    assert orphan.wait(timeout=10) == -signal.SIGKILL
+    assert end_stale_vllm(log_path, 8000) is None  # gone: nothing to end
+    stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:  # a recycled pid (another start time) is never signalled
+        pid_file(log_path, 8000).write_text(json.dumps({"pid": stranger.pid, "start": 1}))
+        assert end_stale_vllm(log_path, 8000) is None and stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()

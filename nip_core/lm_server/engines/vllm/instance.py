@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,14 @@ from typing import Any
 import httpx
 
 from nip_core.lm_server.engines.vllm.config import VllmServeConfig
-from nip_core.lm_server.engines.vllm.process import VllmError, VllmProcess, port_in_use
+from nip_core.lm_server.engines.vllm.process import (
+    VllmError,
+    VllmProcess,
+    end_stale_vllm,
+    port_in_use,
+)
+
+log = logging.getLogger(__name__)
 
 
 def error_message(response: httpx.Response) -> str:
@@ -51,6 +59,11 @@ class VllmInstance:
 
     async def launch(self, startup_timeout: float) -> None:
         """Start the process and wait until it answers `/v1/models` (stopped again on failure)."""
+        stale = await asyncio.to_thread(end_stale_vllm, self.log_path, self.config.port)
+        if stale is not None:
+            log.warning(
+                "ended the vLLM (pid %d) a killed server left on port %d", stale, self.config.port
+            )
         if port_in_use(self.config.host, self.config.port):
             raise VllmError(
                 f"port {self.config.port} on {self.config.host} is already in use; "

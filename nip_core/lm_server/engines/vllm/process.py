@@ -8,6 +8,7 @@ goes to a log file whose tail explains a crash.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 from nip_core.lm_server.engines.vllm.config import VllmServeConfig, vllm_command, vllm_env
+from nip_core.lm_server.procs import is_alive, process_start_time
 
 LOG_TAIL_LINES = 40
 
@@ -50,6 +52,29 @@ def signal_group(pgid: int, sig: signal.Signals) -> None:
         pass
 
 
+def pid_file(log_path: Path, port: int) -> Path:
+    """Where the vLLM process on `port` started with this log records its process group."""
+    return log_path.with_name(f"{log_path.stem}-port{port}.pid")
+
+
+def end_stale_vllm(log_path: Path, port: int, grace: float = 30.0) -> int | None:
+    """SIGKILL the group of a vLLM that a killed server of ours left running (its pid file names
+    a live process with the same start time), so a restarted server gets the port back; the
+    group's pid, or None when there was none."""
+    try:
+        record = json.loads(pid_file(log_path, port).read_text())
+        pid, start = int(record["pid"]), record.get("start")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not is_alive(pid, start):
+        return None
+    signal_group(pid, signal.SIGKILL)
+    deadline = time.monotonic() + grace
+    while is_alive(pid, start) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pid
+
+
 class VllmProcess:
     """One launched vLLM server; appends to `log_path` and remembers where its output starts."""
 
@@ -75,6 +100,9 @@ class VllmProcess:
                     f"vLLM executable {cmd[0]!r} not found; build the vLLM environment with "
                     "scripts/setup_vllm.sh (or on a GPU: pip install '.[vllm]')"
                 ) from exc
+        record = {"pid": self.popen.pid, "start": process_start_time(self.popen.pid)}
+        self.pid_file = pid_file(log_path, config.port)
+        self.pid_file.write_text(json.dumps(record))
 
     @property
     def pid(self) -> int:
@@ -99,3 +127,4 @@ class VllmProcess:
             await asyncio.to_thread(self.popen.wait, 10)
         except subprocess.TimeoutExpired as exc:
             raise VllmError(f"vLLM (pid {self.pid}) did not exit even after SIGKILL") from exc
+        self.pid_file.unlink(missing_ok=True)
