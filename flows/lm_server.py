@@ -130,25 +130,30 @@ def ensure_lm_server(
     shared = first.language_model_server_shared
     state_dir = _state_dir(paths, port, shared)
     if identity is not None:
-        if same_folder(identity.get("state_dir"), state_dir):
-            log.warning("using this run's own server at %s (pid %s)", url, identity.get("pid"))
-            return ServerHandle(url, None, pid=None if shared else identity.get("pid"))
         if shared or identity.get("owner") in (None, SHARED_OWNER):
             # shared on purpose, or started by hand (`python -m nip_core.lm_server`): for runs
             log.warning(
                 "using the server at %s (%s); this run will not stop it", url, _describe(identity)
             )
             return ServerHandle(url, None)
+        if same_folder(identity.get("state_dir"), state_dir):
+            log.warning("using this run's own server at %s (pid %s)", url, identity.get("pid"))
+            return ServerHandle(url, None, pid=identity.get("pid"))
         port = _other_port(port, f"the server at {url} is another run's ({_describe(identity)})")
     elif not port_is_free(host, port):
         port = _other_port(port, f"port {port} is in use by a process that is not our server")
     try:
         return _start(scheme_host, port, context, paths, state_dir, timeout, shared)
     except RuntimeError:
-        # Two runs started together may both have found the port free; the loser moves.
-        winner = server_identity(f"{scheme_host}:{port}")
-        if shared or winner is None or same_folder(winner.get("state_dir"), state_dir):
+        # Two runs started together may both have found the port free: the loser moves, or,
+        # sharing, uses the winner's.
+        url = f"{scheme_host}:{port}"
+        winner = server_identity(url)
+        if winner is None or (same_folder(winner.get("state_dir"), state_dir) and not shared):
             raise
+        if shared or winner.get("owner") in (None, SHARED_OWNER):
+            log.warning("using the server at %s (%s)", url, _describe(winner))
+            return ServerHandle(url, None)
         port = _other_port(port, f"another run's server took port {port} ({_describe(winner)})")
         return _start(scheme_host, port, context, paths, state_dir, timeout, shared)
 
@@ -203,9 +208,11 @@ def _start(
         max_restarts=0 if shared else first.language_model_server_max_restarts,
     )
     server.start()
-    log.warning("this run's language-model server: %s (state %s)", url, state_dir)
     if shared:
+        log.warning("shared language-model server: %s (state %s), left running", url, state_dir)
         server.detach()
+    else:
+        log.warning("this run's language-model server: %s (state %s)", url, state_dir)
     return server
 
 

@@ -138,17 +138,14 @@ def wait_until_up(
     process: subprocess.Popen,
     log_path: Path,
     timeout: float,
-    state_dir: Path | None = None,
 ) -> None:
-    """Wait until `process` answers at `url` (with `state_dir` as its state folder, when given:
-    another server that took the port does not count). RuntimeError, with the log's tail, when
-    it exits first; TimeoutError (the process killed) after `timeout` seconds."""
+    """Wait until `process` answers at `url` (another server that took the port, as its `/health`
+    pid tells, does not count). RuntimeError, with the log's tail, when it exits first;
+    TimeoutError (the process killed) after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         identity = server_identity(url)
-        if identity is not None and (
-            state_dir is None or same_folder(identity.get("state_dir"), state_dir)
-        ):
+        if identity is not None and identity.get("pid", process.pid) == process.pid:
             return
         if process.poll() is not None:
             tail = log_path.read_text(errors="replace")[-2000:]
@@ -187,5 +184,5 @@ def start_server(
     log_path = (state_dir or Path(".")) / "server.log"
     log.warning("starting the language-model server on %s (log: %s)", url, log_path)
     process = spawn_server(server_command(port, engine, options, state_dir, owner), log_path)
-    wait_until_up(url, process, log_path, timeout, state_dir)
+    wait_until_up(url, process, log_path, timeout)
     return ServerHandle(url, process)

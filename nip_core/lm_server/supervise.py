@@ -66,7 +66,7 @@ class SupervisedServer(ServerHandle):
         self.state_dir.mkdir(parents=True, exist_ok=True)
         log.warning("starting the language-model server on %s (log: %s)", self.url, self.log_path)
         self.process = spawn_server(self.command, self.log_path)
-        wait_until_up(self.url, self.process, self.log_path, self.timeout, self.state_dir)
+        wait_until_up(self.url, self.process, self.log_path, self.timeout)
         self._watcher = threading.Thread(target=self._watch, name="lm-server-watch", daemon=True)
         self._watcher.start()
         return self
@@ -120,7 +120,7 @@ class SupervisedServer(ServerHandle):
             "pid": self.process.pid,
         }
         try:
-            wait_until_up(self.url, self.process, self.log_path, self.timeout, self.state_dir)
+            wait_until_up(self.url, self.process, self.log_path, self.timeout)
             record["answered_after_seconds"] = round(time.monotonic() - started, 3)
             log.warning("the language-model server at %s answers again", self.url)
         except (RuntimeError, TimeoutError) as error:
