@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 MANIFEST = "manifest.json"
 VOLATILE_STAGE_FIELDS = ("seconds",)  # per stage: its wall time
 VOLATILE_INFO_FIELDS = ("replayed_calls",)  # per stage info: answers replayed from the journal
+VOLATILE_MANIFEST_FIELDS = ("server_restarts",)  # restarts of the run's server: the soak's own
 
 
 @dataclass
@@ -92,6 +93,8 @@ def count_rows(reference: Sequence[str], run: Sequence[str]) -> tuple[int, int, 
 def without_volatile(manifest: dict, folder: Path) -> dict:
     """The manifest less the fields that may differ between equal runs (see module doc); each
     file checksum becomes whether it matches the file in `folder`."""
+    for name in VOLATILE_MANIFEST_FIELDS:
+        manifest.pop(name, None)
     for stage in manifest.get("stages", {}).values():
         for name in VOLATILE_STAGE_FIELDS:
             stage.pop(name, None)
@@ -147,7 +150,11 @@ def files_equal(ref: Path, run: Path, relative: str, job_ids: Mapping[str, str])
             )
         except json.JSONDecodeError:
             return "not valid JSON"
-        return None if same else "manifest differs (beyond stage seconds and replayed calls)"
+        return (
+            None
+            if same
+            else "manifest differs (beyond stage seconds, replayed calls, server restarts)"
+        )
     if is_journal(relative):
         ref_rows, run_rows, _ = journal_rows(want, got, bool(job_ids))
         return None if sorted(ref_rows) == sorted(run_rows) else "call journal records differ"
