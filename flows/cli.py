@@ -21,8 +21,8 @@ import openai
 import yaml
 from pydantic import BaseModel, Field
 
-from flows.lm_server import EndpointUnreachableError, lm_server_for
-from nip_core.agents.chat_client import ModelCallError
+from flows.lm_server import lm_server_for
+from nip_core.agents.chat_client import EndpointUnreachableError, ModelCallError
 from nip_core.agents.preflight import check_providers
 from nip_core.lm_server.launch import ServerHandle
 from nip_core.parameters import HyperParameters, load_hyper_params

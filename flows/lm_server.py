@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
+from nip_core.agents.chat_client import EndpointUnreachableError
 from nip_core.agents.clients import SERVER_URL_ENV, provider_of
 from nip_core.lm_server.launch import (
     ServerHandle,
@@ -97,14 +98,6 @@ def server_options(context: IterationContext, engine: str) -> list[str]:
     if first.vllm_enforce_eager:
         options += ["--vllm-enforce-eager"]
     return options
-
-
-class EndpointUnreachableError(RuntimeError):
-    """A model server the run depends on, and did not start, does not answer."""
-
-    def __init__(self, url: str, message: str) -> None:
-        super().__init__(message)
-        self.url = url
 
 
 def ensure_lm_server(

@@ -496,3 +496,18 @@ def test_switch_to_next_model_without_an_iteration():
     job = client.jobs.jobs["ftjob-1"]
     job.status, job.fine_tuned_model = "succeeded", "ft:gpt:grp:1"
     assert asyncio.run(real.switch_to_next_model()) == "ft:gpt:grp:1"
+
+
+def test_a_self_hosted_server_that_never_answers_is_named_as_unreachable():
+    from nip_core.agents.chat_client import EndpointUnreachableError
+    from nip_core.lm_server.launch import free_port
+
+    port = free_port()
+    g = group(
+        model_provider="SelfHosted",
+        language_model_server_scheme_host="http://127.0.0.1",
+        language_model_server_port=port,
+    )
+    with pytest.raises(EndpointUnreachableError, match="not ready") as caught:
+        asyncio.run(g.wait_for_ready(timeout=0.5))
+    assert caught.value.url == f"http://127.0.0.1:{port}"

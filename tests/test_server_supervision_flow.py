@@ -79,3 +79,14 @@ def test_a_run_whose_own_server_is_killed_finishes_in_the_same_invocation(tmp_pa
     assert restart["cause"] == "killed by SIGKILL" and "answered_after_seconds" in restart
     assert "restarting it (1 of at most 3)" in output
     assert server_identity(url) is None  # stopped at the end, restarted one included
+
+
+def test_an_unreachable_endpoint_error_names_itself():
+    from nip_core.agents.chat_client import EndpointUnreachableError
+
+    error = EndpointUnreachableError("http://127.0.0.1:5000", "not ready in 300 s")
+    assert unreachable_endpoint(RuntimeError("stage failed").with_traceback(None)) is None
+    try:
+        raise RuntimeError("fine-tune stage failed") from error
+    except RuntimeError as outer:
+        assert unreachable_endpoint(outer) == "http://127.0.0.1:5000"

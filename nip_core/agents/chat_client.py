@@ -65,6 +65,15 @@ class ModelCallError(RuntimeError):
         self.unreachable_url = unreachable_url  # the endpoint no try could reach, if that was it
 
 
+class EndpointUnreachableError(ConnectionError):
+    """A model server the run depends on does not answer at all: `url` names it. The commands
+    report it as one `error:` line with exit code 3 (`flows.cli.run_command`)."""
+
+    def __init__(self, url: str, message: str) -> None:
+        super().__init__(message)
+        self.url = url
+
+
 def request_digest(messages: list[dict], model: str, n: int, sampling: SamplingParams) -> str:
     """Stable sha256 of everything a call's answer depends on (same across processes)."""
     payload = {"messages": messages, "model": model, "n": n, "sampling": asdict(sampling)}

@@ -18,6 +18,7 @@ from dataclasses import asdict
 from typing import Any, Literal
 
 import nip_core
+from nip_core.agents.chat_client import EndpointUnreachableError
 from nip_core.agents.clients import provider_of, self_hosted_url
 from nip_core.training.fine_tune_jobs import (
     DUMMY_JOB_ID,
@@ -132,7 +133,10 @@ class SharedModelGroup(NipMethodNames):
                 except httpx.HTTPError:
                     pass
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"language-model server at {url} not ready in {timeout} s")
+                    raise EndpointUnreachableError(
+                        self_hosted_url(self.params),
+                        f"language-model server at {url} not ready in {timeout} s",
+                    )
                 await asyncio.sleep(0.5)
 
     async def train(self) -> None:
