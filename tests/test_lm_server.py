@@ -35,7 +35,11 @@ def client(server):
 
 def test_health_reports_version_and_engine(server):
     body = httpx.get(server.url + "/health").json()
+    identity = {key: body.pop(key) for key in ("owner", "state_dir", "pid")}
     assert body == {"status": "ok", "version": nip_core.__version__, "engine": "dummy"}
+    assert identity["owner"] is None  # started by hand, so no run owns it
+    assert identity["pid"] == server.proc.pid
+    assert identity["state_dir"] == str(server.state_dir)
 
 
 def test_chat_returns_n_choices_with_usage(client):
