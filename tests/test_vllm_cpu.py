@@ -114,6 +114,38 @@ def random_adapter(path: Path, base: Path) -> Path:
     return path
 
 
+def check_scores_against_prompt_logprobs(url: str, vllm_port: int, model: str) -> None:
+    """Our `/v1/chat/score` (a verdict: token by token from vLLM's prefix cache; a long reply:
+    one prompt_logprobs request) against vLLM's own prompt_logprobs of the same conversation."""
+    chat = [{"role": "user", "content": "Is 7 a prime number? Answer with a decision."}]
+    replies = ["Decision: accept", "Decision: reject", "Yes. " * 12 + "Seven has no divisors."]
+    conversations = [[*chat, {"role": "assistant", "content": r}] for r in replies]
+    body = {"model": model, "conversations": conversations}
+    ours = httpx.post(f"{url}/v1/chat/score", json=body, timeout=900, trust_env=False)
+    assert ours.status_code == 200, ours.text
+    vllm = f"http://127.0.0.1:{vllm_port}"
+    served = httpx.get(f"{vllm}/v1/models", trust_env=False).json()["data"][0]["id"]
+    prompt = {"model": served, "messages": chat, "add_generation_prompt": True}
+    start = httpx.post(f"{vllm}/tokenize", json=prompt, trust_env=False).json()["count"]
+    for conversation, scored in zip(conversations, ours.json()["data"], strict=True):
+        direct = {
+            "model": served,
+            "messages": conversation,
+            "add_generation_prompt": False,
+            "continue_final_message": True,
+            "max_tokens": 1,
+            "prompt_logprobs": 0,
+            "return_token_ids": True,
+        }
+        answer = httpx.post(
+            f"{vllm}/v1/chat/completions", json=direct, timeout=900, trust_env=False
+        ).json()
+        ids, logprobs = answer["prompt_token_ids"], answer["prompt_logprobs"]
+        expected = sum(logprobs[i][str(ids[i])]["logprob"] for i in range(start, len(ids)))
+        assert scored["tokens"] == len(ids) - start
+        assert scored["logprob"] == pytest.approx(expected, abs=0.05 * scored["tokens"])
+
+
 @pytest.mark.parametrize("engine", ["transformers", pytest.param("vllm", marks=needs_vllm)])
 def test_a_switch_to_a_fine_tuned_model_changes_the_seeded_answer(tmp_path, engine):
     from nip_core.lm_server.embedded_model import EMBEDDED_MODEL_NAME, embedded_model_path
@@ -168,6 +200,8 @@ def test_a_switch_to_a_fine_tuned_model_changes_the_seeded_answer(tmp_path, engi
         after = ask("random-it1")
         assert after != before, (before, after)
         assert ask(EMBEDDED_MODEL_NAME) == before  # and back
+        if engine == "vllm":
+            check_scores_against_prompt_logprobs(url, vllm_port, EMBEDDED_MODEL_NAME)
     finally:
         orphans = end_group(server, vllm_port)
     assert not orphans, f"vLLM processes outlived the server: {orphans}"

@@ -371,20 +371,31 @@ def test_score_gives_the_log_likelihood_of_the_last_message(cpu_engine, tmp_path
         {"role": "user", "content": "is it correct"},
         {"role": "assistant", "content": "Decision: accept now"},
     ]
+    other = [talk[0], {"role": "assistant", "content": "Decision: rejected"}]
+    long = [talk[0], {"role": "assistant", "content": " ".join(["word"] * 20)}]
 
     async def scenario() -> None:
         await engine.start()
         await engine.load_adapter("v-it1", str(adapter))
         assert await engine.score("base-model", [talk]) == [(-1.5, 3)]  # 3 words at -0.5
-        assert await engine.score("v-it1", [talk, talk]) == [(-4.5, 3), (-4.5, 3)]
-        [prefix, *_] = posts(tmp_path, "/tokenize")
-        assert prefix == {
-            "model": "base-model",
-            "messages": talk[:1],
-            "add_generation_prompt": True,
-        }
+        # a short reply is scored token by token, each distinct prefix once (the two replies
+        # share their first two): user 3 words + <assistant> = 4 tokens before the reply
+        completions = len(posts(tmp_path, "/v1/completions"))
+        scores = await engine.score("v-it1", [talk, other, talk])
+        assert scores == [(-4.5, 3), (-3.0, 2), (-4.5, 3)]
+        asked = posts(tmp_path, "/v1/completions")[completions:]
+        assert sorted(len(b["prompt"]) for b in asked) == [4, 5, 6]
+        assert len(asked[0]["prompt"]) == 4  # the chat's shortest prefix first, then the rest
+        assert all(b["max_tokens"] == 1 for b in asked)
+        branch = next(b for b in asked if len(b["prompt"]) == 5)
+        assert sorted(branch["logprob_token_ids"]) == [1006, 1008]  # "accept" and "rejected"
+        [prefix, whole, *_] = posts(tmp_path, "/tokenize")
+        assert {prefix["add_generation_prompt"], whole["add_generation_prompt"]} == {True, False}
+        assert talk[:1] in (prefix["messages"], whole["messages"])
+        # a long reply (the switch guard's) in one prompt_logprobs request
+        assert await engine.score("v-it1", [long]) == [(-30.0, 20)]  # 20 words at -1.5
         scored = [b for b in posts(tmp_path, "/v1/chat/completions") if "prompt_logprobs" in b]
+        assert len(scored) == 1 and scored[0]["messages"] == long
         assert scored[0]["continue_final_message"] and scored[0]["prompt_logprobs"] == 0
-        assert scored[0]["messages"] == talk and scored[0]["max_tokens"] == 1
 
     run(engine, scenario)

@@ -4,7 +4,8 @@ Usage as vLLM's: `vllm serve MODEL --host H --port P [--served-model-name NAME] 
 /v1/models, /v1/chat/completions, /v1/load_lora_adapter and /v1/unload_lora_adapter; records
 launches (argv and vLLM's environment switches) and requests in `requests.jsonl` beside itself;
 starts a sleeping "worker" child (as vLLM starts its engine core). A chat answers
-`<served name>#<choice index>`; scoring (`prompt_logprobs`, `/tokenize`) gives -0.5 a word (after
+`<served name>#<choice index>`; scoring (`/tokenize`, then `prompt_logprobs` or
+one-token `/v1/completions` with `logprob_token_ids`) gives -0.5 a word (after
 a reload -1.5); after `/collective_rpc` `reload_weights` (served with
 VLLM_SERVER_DEV_MODE=1, as `/reset_prefix_cache`) `<folder name of the weights>#<index>`. Env switches: FAKE_VLLM_DELAY (seconds before listening),
 FAKE_VLLM_CRASH (exit 3 at start-up), FAKE_VLLM_IGNORE_TERM (ignore SIGTERM),
@@ -52,7 +53,14 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         record("post", path=self.path, body=body)
         if self.path == "/tokenize":
-            return self.send(200, {"count": len(fake_tokens(body["messages"], True))})
+            ids = fake_tokens(body["messages"], not body.get("continue_final_message"))
+            return self.send(200, {"count": len(ids), "tokens": ids})
+        if self.path == "/v1/completions":  # scoring a prefix's next tokens: -0.5 each (-1.5)
+            per_token = -1.5 if LABEL else -0.5
+            wanted = body["logprob_token_ids"]
+            top = {f"token_id:{t}": per_token for t in [wanted[0], *wanted]}
+            logprobs = {"tokens": [f"token_id:{wanted[0]}"], "top_logprobs": [top]}
+            return self.send(200, {"choices": [{"text": "", "logprobs": logprobs}]})
         if self.path == "/v1/chat/completions":
             name = body["model"]
             if name != MODEL and name not in ADAPTERS:
