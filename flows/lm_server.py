@@ -38,6 +38,10 @@ ENGINE_ENV = "NIP_LM_SERVER_ENGINE"  # transformers | vllm | dummy; beats the co
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 log = logging.getLogger(__name__)
 SHARED_OWNER = "shared"  # the owner a shared server reports: any run may use it
+# Servers this process started and supervises, by URL: a run opened inside another run of the
+# same invocation (an experiment's arms inside its seed's base run) uses the outer run's server
+# rather than starting a second one beside it.
+STARTED_HERE: dict[str, ServerHandle] = {}
 
 
 def self_hosted_agents(context: IterationContext) -> list:
@@ -123,6 +127,12 @@ def ensure_lm_server(
     shared = first.language_model_server_shared
     state_dir = _state_dir(paths, port, shared)
     if identity is not None:
+        outer = STARTED_HERE.get(url)
+        if outer is not None and getattr(outer.process, "pid", None) == identity.get("pid"):
+            log.warning(
+                "using the server this invocation started at %s (%s)", url, _describe(identity)
+            )
+            return ServerHandle(url, None)
         if shared or identity.get("owner") in (None, SHARED_OWNER):
             # shared on purpose, or started by hand (`python -m nip_core.lm_server`): for runs
             log.warning(
@@ -206,6 +216,7 @@ def _start(
         server.detach()
     else:
         log.warning("this run's language-model server: %s (state %s)", url, state_dir)
+        STARTED_HERE[url] = server
     return server
 
 
@@ -243,4 +254,6 @@ def lm_server_for(paths: RunPaths, context: IterationContext) -> Iterator[Server
             else:
                 os.environ[SERVER_URL_ENV] = previous
         if server is not None:
+            if STARTED_HERE.get(server.url) is server:
+                del STARTED_HERE[server.url]
             server.stop()

@@ -75,21 +75,40 @@ def test_health_names_the_owner_the_state_folder_and_the_process(tmp_path):
     assert server_identity(server.url) is None  # the run stopped the server it started
 
 
-def test_a_second_run_gets_a_server_of_its_own_and_points_its_clients_there(tmp_path, caplog):
+def test_a_second_run_gets_a_server_of_its_own_and_points_its_clients_there(
+    tmp_path, caplog, monkeypatch
+):
     port = free_port()
     context = self_hosted(port)
     run_a, run_b = RunPaths.open(str(tmp_path), "A"), RunPaths.open(str(tmp_path), "B")
     with lm_server.lm_server_for(run_a, context) as server_a:
         assert server_a.url.endswith(f":{port}") and SERVER_URL_ENV not in os.environ
-        with lm_server.lm_server_for(run_b, context) as server_b:
-            assert server_b.url != server_a.url
-            assert server_identity(server_b.url)["owner"] == str(run_b.run_dir)
-            assert os.environ[SERVER_URL_ENV] == server_b.url
-            assert api_endpoint(context.agent_params["verifier"])[0] == f"{server_b.url}/v1"
+        with monkeypatch.context() as other_invocation:  # B: another invocation's run
+            other_invocation.setattr(lm_server, "STARTED_HERE", {})
+            with lm_server.lm_server_for(run_b, context) as server_b:
+                assert server_b.url != server_a.url
+                assert server_identity(server_b.url)["owner"] == str(run_b.run_dir)
+                assert os.environ[SERVER_URL_ENV] == server_b.url
+                assert api_endpoint(context.agent_params["verifier"])[0] == f"{server_b.url}/v1"
         assert f"another run's (owner {run_a.run_dir}" in caplog.text
         assert SERVER_URL_ENV not in os.environ  # restored when run B ended
         assert server_identity(server_a.url)["owner"] == str(run_a.run_dir)  # B left A's alone
         assert is_gone(server_b.process.pid) or server_b.process.poll() is not None
+
+
+def test_a_run_inside_a_run_of_the_same_invocation_uses_the_outer_server(tmp_path, caplog):
+    """An experiment opens each arm's run inside its seed's base run: one server serves both."""
+    context = self_hosted(free_port())
+    base, arm = RunPaths.open(str(tmp_path), "base"), RunPaths.open(str(tmp_path), "arm")
+    with lm_server.lm_server_for(base, context) as outer:
+        with lm_server.lm_server_for(arm, context) as inner:
+            assert inner.url == outer.url and inner.process is None
+            assert server_identity(inner.url)["owner"] == str(base.run_dir)
+        assert "using the server this invocation started" in caplog.text
+        assert outer.process.poll() is None  # the arm's end left it running
+        with lm_server.lm_server_for(arm, context) as again:  # the next arm: the same server
+            assert again.url == outer.url
+    assert server_identity(outer.url) is None and lm_server.STARTED_HERE == {}
 
 
 def test_shared_runs_use_one_server_that_outlives_them(tmp_path):
