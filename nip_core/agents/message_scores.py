@@ -19,7 +19,7 @@ from nip_core.agents.clients import (
     request_timeout,
 )
 
-CHUNK = 64  # conversations per request (the server takes at most 256)
+CHUNK = 256  # conversations per request (the server takes at most 256): the fewer, the fewer waits
 
 
 def score_replies(
