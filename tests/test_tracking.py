@@ -6,6 +6,7 @@ pytest tests/test_tracking.py
 import logging
 import struct
 import sys
+import time
 
 import pytest
 
@@ -236,10 +237,20 @@ def test_offline_run_under_the_run_folder_resumes_the_same_run(no_wandb_setup, t
         tracker.log(iteration_metrics({"verifier": {"accuracy": 0.1 * (iteration + 1)}}), iteration)
         tracker.finish()
     run_id = (tmp_path / "exp" / RUN_ID_FILE).read_text().strip()
-    logs = offline_logs(tmp_path / "exp", run_id)
+
+    def logged() -> tuple[list, dict]:
+        logs = offline_logs(tmp_path / "exp", run_id)
+        rows = [row for log in logs for row in read_offline_history(log)]
+        return logs, {row["iteration"]: row["train/verifier/accuracy"] for row in rows}
+
+    # wandb's service may still be writing the last start's records as `finish` returns (seen
+    # on a loaded 2-core machine): give it a few seconds before reading them
+    deadline = time.monotonic() + 30
+    logs, accuracy = logged()
+    while len(accuracy) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        logs, accuracy = logged()
     assert len(logs) == 2  # one offline log per start, all for the same wandb run id
-    rows = [row for log in logs for row in read_offline_history(log)]
-    accuracy = {row["iteration"]: row["train/verifier/accuracy"] for row in rows}
     assert accuracy == pytest.approx({0: 0.1, 1: 0.2})
 
 
