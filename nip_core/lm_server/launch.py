@@ -11,7 +11,6 @@ run's own server up.
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import socket
@@ -23,8 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -74,10 +71,6 @@ def server_identity(url: str, timeout: float = 2.0) -> dict | None:
     except ValueError:
         return {}
     return body if isinstance(body, dict) else {}
-
-
-def is_up(url: str) -> bool:
-    return server_identity(url) is not None
 
 
 def same_folder(a: str | Path | None, b: str | Path | None) -> bool:
@@ -161,28 +154,3 @@ def wait_until_up(
 def default_timeout(engine: str) -> float:
     """Seconds to wait for a start: vLLM's takes minutes on a busy CPU."""
     return 1800.0 if engine == "vllm" else 600.0
-
-
-def start_server(
-    url: str,
-    port: int,
-    engine: str,
-    options: Sequence[str] = (),
-    state_dir: Path | None = None,
-    timeout: float | None = None,
-    owner: str | None = None,
-) -> ServerHandle:
-    """Start `python -m nip_core.lm_server` on 127.0.0.1:`port` and wait until `url` answers.
-
-    Its output goes to `<state_dir>/server.log` (`./server.log` without a state folder). Raises
-    RuntimeError (with the log's tail) when it exits first, TimeoutError after `timeout` seconds
-    (`default_timeout`).
-    """
-    timeout = default_timeout(engine) if timeout is None else timeout
-    if state_dir is not None:
-        state_dir.mkdir(parents=True, exist_ok=True)
-    log_path = (state_dir or Path(".")) / "server.log"
-    log.warning("starting the language-model server on %s (log: %s)", url, log_path)
-    process = spawn_server(server_command(port, engine, options, state_dir, owner), log_path)
-    wait_until_up(url, process, log_path, timeout)
-    return ServerHandle(url, process)

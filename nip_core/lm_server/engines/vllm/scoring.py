@@ -62,22 +62,17 @@ async def message_logprobs(
             return await call
 
     replies = await asyncio.gather(*(gated(_tokenize(instance, model, c)) for c in conversations))
+    scores = {i: (0.0, 0) for i, reply in enumerate(replies) if reply.length == 0}
     short = [i for i, r in enumerate(replies) if 0 < r.length <= TOKENWISE_MAX_TOKENS]
     wanted = next_tokens_wanted([replies[i] for i in short])
     found = await _next_token_logprobs(instance, model, wanted, gated)
-    scores: list[tuple[float, int] | None] = [None] * len(conversations)
-    for i in short:
-        scores[i] = (reply_logprob(replies[i], found), replies[i].length)
-    for i, reply in enumerate(replies):
-        if reply.length == 0:
-            scores[i] = (0.0, 0)
-    long = [i for i, score in enumerate(scores) if score is None]
+    scores |= {i: (reply_logprob(replies[i], found), replies[i].length) for i in short}
+    long = [i for i in range(len(conversations)) if i not in scores]
     whole = await asyncio.gather(
         *(gated(_prompt_logprobs(instance, model, conversations[i], replies[i])) for i in long)
     )
-    for i, score in zip(long, whole, strict=True):
-        scores[i] = score
-    return [score for score in scores if score is not None]
+    scores |= dict(zip(long, whole, strict=True))
+    return [scores[i] for i in range(len(conversations))]
 
 
 async def _tokenize(instance: VllmInstance, model: str, conversation: list[dict]) -> TokenizedReply:
