@@ -19,7 +19,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from nip_core.agents.chat_client import EndpointUnreachableError
-from nip_core.agents.clients import SERVER_URL_ENV, provider_of
+from nip_core.agents.clients import SERVER_URL_ENV, provider_of, self_hosted_url
 from nip_core.lm_server.launch import (
     ServerHandle,
     default_timeout,
@@ -38,9 +38,9 @@ ENGINE_ENV = "NIP_LM_SERVER_ENGINE"  # transformers | vllm | dummy; beats the co
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 log = logging.getLogger(__name__)
 SHARED_OWNER = "shared"  # the owner a shared server reports: any run may use it
-# Servers this process started and supervises, by URL: a run opened inside another run of the
-# same invocation (an experiment's arms inside its seed's base run) uses the outer run's server
-# rather than starting a second one beside it.
+# Servers started (and supervised) by the `lm_server_for` blocks open in this process, by URL: a
+# run opened inside another run of the same invocation (an experiment's arms inside its seed's
+# base run) uses the outer run's server rather than starting a second one beside it.
 STARTED_HERE: dict[str, ServerHandle] = {}
 
 
@@ -54,17 +54,15 @@ def self_hosted_agents(context: IterationContext) -> list:
 
 
 def self_hosted_endpoint(context: IterationContext) -> tuple[str, str, int] | None:
-    """(scheme://host, host, port) of the server the run needs, or None: `$NIP_LM_SERVER_URL`
-    when set, else the first self-hosted agent's settings."""
-    if self_hosted_agents(context) and os.environ.get(SERVER_URL_ENV):
-        parsed = urlparse(os.environ[SERVER_URL_ENV])
-        host = parsed.hostname or "127.0.0.1"
-        return f"{parsed.scheme}://{host}", host, parsed.port or 80
-    for params in self_hosted_agents(context):
-        scheme_host = params.language_model_server_scheme_host.rstrip("/")
-        host = urlparse(scheme_host).hostname or "127.0.0.1"
-        return scheme_host, host, params.language_model_server_port
-    return None
+    """(scheme://host, host, port) of the server the run needs, or None: the first self-hosted
+    agent's `self_hosted_url` (`$NIP_LM_SERVER_URL` when set, else its settings)."""
+    agents = self_hosted_agents(context)
+    if not agents:
+        return None
+    url = self_hosted_url(agents[0])
+    parsed = urlparse(url)
+    scheme_host = url.removesuffix(f":{parsed.port}") if parsed.port else url
+    return scheme_host, parsed.hostname or "127.0.0.1", parsed.port or 80
 
 
 def server_engine(context: IterationContext) -> str:
@@ -133,8 +131,7 @@ def ensure_lm_server(
                 "using the server this invocation started at %s (%s)", url, _describe(identity)
             )
             return ServerHandle(url, None)
-        if shared or identity.get("owner") in (None, SHARED_OWNER):
-            # shared on purpose, or started by hand (`python -m nip_core.lm_server`): for runs
+        if _usable_by_any_run(identity, shared):
             log.warning(
                 "using the server at %s (%s); this run will not stop it", url, _describe(identity)
             )
@@ -154,11 +151,18 @@ def ensure_lm_server(
         winner = server_identity(url)
         if winner is None or (same_folder(winner.get("state_dir"), state_dir) and not shared):
             raise
-        if shared or winner.get("owner") in (None, SHARED_OWNER):
+        if _usable_by_any_run(winner, shared):
             log.warning("using the server at %s (%s)", url, _describe(winner))
             return ServerHandle(url, None)
         port = _other_port(port, f"another run's server took port {port} ({_describe(winner)})")
         return _start(scheme_host, port, context, paths, state_dir, timeout, shared)
+
+
+def _usable_by_any_run(identity: dict, shared: bool) -> bool:
+    """Whether a run may use the server `identity` describes without owning it: this run shares
+    on purpose, or the server is a shared one or was started by hand (`python -m
+    nip_core.lm_server`, no owner)."""
+    return shared or identity.get("owner") in (None, SHARED_OWNER)
 
 
 def _state_dir(paths: RunPaths, port: int, shared: bool) -> Path | None:
@@ -216,7 +220,6 @@ def _start(
         server.detach()
     else:
         log.warning("this run's language-model server: %s (state %s)", url, state_dir)
-        STARTED_HERE[url] = server
     return server
 
 
@@ -245,6 +248,9 @@ def lm_server_for(paths: RunPaths, context: IterationContext) -> Iterator[Server
     )
     if moved:
         os.environ[SERVER_URL_ENV] = server.url
+    started_here = isinstance(server, SupervisedServer) and server.process is not None
+    if started_here:
+        STARTED_HERE[server.url] = server
     try:
         yield server
     finally:
@@ -253,7 +259,7 @@ def lm_server_for(paths: RunPaths, context: IterationContext) -> Iterator[Server
                 os.environ.pop(SERVER_URL_ENV, None)
             else:
                 os.environ[SERVER_URL_ENV] = previous
+        if started_here:
+            del STARTED_HERE[server.url]
         if server is not None:
-            if STARTED_HERE.get(server.url) is server:
-                del STARTED_HERE[server.url]
             server.stop()
