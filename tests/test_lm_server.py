@@ -7,6 +7,7 @@ canned text and fakes training in a real child process, so the job lifecycle is 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 
@@ -246,7 +247,7 @@ def test_cancel_running_job_ends_its_process(tmp_path):
         assert client.fine_tuning.jobs.cancel(queued_behind.id).status in ("cancelled",)
 
 
-def test_restart_keeps_state_reattaches_and_fails_orphans(tmp_path):
+def test_restart_keeps_state_reattaches_and_fails_orphans_past_the_restart_limit(tmp_path):
     state = tmp_path / "state"
     quick = ["--engine", "dummy"]
     with running_server(quick, state) as srv:
@@ -278,7 +279,7 @@ def test_restart_keeps_state_reattaches_and_fails_orphans(tmp_path):
         second.stop(signal.SIGKILL)
     orphan_record = _job_record(state, orphan)
     kill_group(orphan_record["_pid"], orphan_record["_pid_start"], grace=2)  # dies with the server
-    with running_server(quick, state) as third:
+    with running_server([*quick, "--max-training-restarts", "0"], state) as third:
         client = third.client()
         failed = client.fine_tuning.jobs.retrieve(orphan)
         assert failed.status == "failed" and failed.error.code == "server_restarted"
@@ -286,3 +287,63 @@ def test_restart_keeps_state_reattaches_and_fails_orphans(tmp_path):
         assert client.fine_tuning.jobs.retrieve(done.id).status == "succeeded"
         time.sleep(0.5)
         assert client.fine_tuning.jobs.retrieve(orphan).status == "failed"
+
+
+def _training_restarts(client, job_id: str) -> list[str]:
+    events = client.fine_tuning.jobs.list_events(job_id, limit=100).data
+    return [e.message for e in events if "training again from the start" in e.message]
+
+
+def _sigkill_training(record: dict) -> None:
+    os.killpg(record["_pid"], signal.SIGKILL)  # the child leads its own process group
+    deadline = time.monotonic() + 10
+    while is_alive(record["_pid"], record["_pid_start"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_a_job_killed_with_its_server_trains_again_under_the_same_id(tmp_path):
+    """Training child and server SIGKILLed together (an OOM kill of the box): the restarted
+    server queues the job again and it succeeds under its own id and model name."""
+    state = tmp_path / "state"
+    first = Server(["--engine", "dummy", "--fake-train-seconds", "2"], state).wait_ready()
+    try:
+        job_id = _running_job(first.client())
+        record = _job_record(state, job_id)
+    finally:
+        first.stop(signal.SIGKILL)
+    _sigkill_training(record)
+    with running_server(["--engine", "dummy"], state) as second:
+        client = second.client()
+        done = wait_job(client, job_id)
+        assert done.status == "succeeded", done.error
+        assert done.fine_tuned_model == record["_new_model_name"]
+        assert done.fine_tuned_model in [m.id for m in client.models.list()]
+        assert [j.id for j in client.fine_tuning.jobs.list().data] == [job_id]
+        assert _training_restarts(client, job_id) == [
+            f"the training process (pid {record['_pid']}) died with the server; training again "
+            "from the start (restart 1 of at most 2)"
+        ]
+
+
+def test_a_killed_training_process_trains_again_until_the_limit(tmp_path):
+    """A training child killed by a signal while the server lives (the OOM killer) trains again;
+    past `--max-training-restarts` the job fails."""
+    args = ["--engine", "dummy", "--fake-train-seconds", "3", "--max-training-restarts", "1"]
+    with running_server(args, tmp_path / "state") as srv:
+        client = srv.client()
+        job_id = _running_job(client)
+        first = _job_record(srv.state_dir, job_id)
+        _sigkill_training(first)
+        deadline = time.monotonic() + 30
+        while _job_record(srv.state_dir, job_id).get("_pid") in (None, first["_pid"]):
+            assert time.monotonic() < deadline, "the job was not started again"
+            time.sleep(0.1)
+        assert _training_restarts(client, job_id) == [
+            f"the training process (pid {first['_pid']}) was killed by a signal; training again "
+            "from the start (restart 1 of at most 1)"
+        ]
+        second = _job_record(srv.state_dir, job_id)
+        _sigkill_training(second)
+        failed = wait_job(client, job_id)
+        assert failed.status == "failed" and failed.error.code == "training_crashed"
+        assert len(_training_restarts(client, job_id)) == 1

@@ -59,6 +59,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--train-processes", type=int, default=1, help="GPUs per job (`accelerate launch`)"
     )
     training.add_argument("--train-deepspeed-config", help="DeepSpeed config file (ZeRO)")
+    training.add_argument(
+        "--max-training-restarts",
+        type=int,
+        default=2,
+        help="times a job whose training process was killed (or died with the server) trains "
+        "again from the start before it fails",
+    )
     return parser.parse_args(argv)
 
 
@@ -179,6 +186,7 @@ def main(argv: list[str] | None = None) -> None:
         fake_seconds=args.fake_train_seconds,
         train_processes=args.train_processes,
         deepspeed_config=args.train_deepspeed_config,
+        max_training_restarts=args.max_training_restarts,
         allow_any_adapter_path=args.allow_adapters_anywhere,
     )
     uvicorn.run(

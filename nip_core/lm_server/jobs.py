@@ -4,12 +4,14 @@ Statuses follow OpenAI: queued -> validating_files (child started, checking the 
 -> succeeded | failed | cancelled. The child writes `status.json` and events; this manager polls
 them, loads a finished adapter into the engine under the job's new model name, and hands the
 accelerator to training and back. After a restart, a job whose child still runs is re-attached;
-a job whose child died with the server is marked failed.
+a job whose child died with the server, or was killed by a signal (the OOM killer), trains again
+from the start under the same id, a bounded number of times, then fails.
 """
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import Any
 
 from nip_core.lm_server import procs
 from nip_core.lm_server.engines.base import AdapterError, InferenceEngine
+from nip_core.lm_server.job_records import new_job_record
 from nip_core.lm_server.names import check_adapter_request, suffix_ok
 from nip_core.lm_server.options import OptionsError, parse_options
 from nip_core.lm_server.store import StateDir, append_event, read_json
@@ -55,6 +58,7 @@ class JobManager:
         self.train_processes = int(opts.get("train_processes", 1))
         self.deepspeed_config = opts.get("deepspeed_config")
         self.allow_any_adapter_path = bool(opts.get("allow_any_adapter_path", False))
+        self.max_training_restarts = int(opts.get("max_training_restarts", 2))
         self.jobs: dict[str, dict] = {}
         self.adapters: dict[str, dict] = {}
         self._children: dict[str, subprocess.Popen] = {}
@@ -192,45 +196,10 @@ class JobManager:
         self.state.save_job(job)
 
     def _new_job(self, body: dict, options: dict, metadata: dict) -> dict:
-        from nip_core.lm_server.store import new_id
-
-        job_id = new_id("ftjob")
-        suffix = body.get("suffix") or ""
         root = self.base_name
         if body["model"] in self.adapters:
             root = self.adapters[body["model"]].get("root_name", root)
-        short = Path(root).name
-        return {
-            "id": job_id,
-            "object": "fine_tuning.job",
-            "created_at": int(time.time()),
-            "model": body["model"],
-            "training_file": body["training_file"],
-            "validation_file": None,
-            "status": "queued",
-            "fine_tuned_model": None,
-            "finished_at": None,
-            "error": None,
-            "hyperparameters": {
-                "n_epochs": options["n_epochs"],
-                "batch_size": options["batch_size"],
-                "learning_rate_multiplier": "auto",
-            },
-            "method": body.get("method") or {"type": "supervised"},
-            "nip_training": options,
-            "metadata": metadata,
-            "seed": options["seed"],
-            "suffix": suffix or None,
-            "user_provided_suffix": suffix or None,
-            "organization_id": "nip-malt",
-            "result_files": [],
-            "trained_tokens": None,
-            "integrations": [],
-            "estimated_finish": None,
-            "_new_model_name": f"ft:{short}:{suffix}:{job_id}",
-            "_root_name": root,
-            "_created_ns": time.time_ns(),  # orders jobs created within the same second
-        }
+        return new_job_record(body, options, metadata, root)
 
     def _write_child_config(self, job: dict, base_path: str, parent: dict | None, options: dict):
         from nip_core.lm_server.store import write_json_atomic
@@ -286,12 +255,14 @@ class JobManager:
             job["status"] = "running"
             self._save(job)
         if state in ("succeeded", "failed") or not self._child_alive(job):
+            child = self._children.get(job["id"])
             await self._reap(job["id"])
             await self.engine.reacquire_accelerator()
             if state == "succeeded":
                 await self._publish(job, status)
             else:
-                self._settle_dead_child(job, died_with_server=False)
+                killed = child is not None and (child.returncode or 0) < 0
+                self._settle_dead_child(job, died_with_server=False, killed=killed)
 
     async def _publish(self, job: dict, status: dict) -> None:
         """Serve the finished adapter under the job's new name, then mark the job succeeded."""
@@ -312,15 +283,19 @@ class JobManager:
         job.update(fine_tuned_model=name, trained_tokens=status.get("trained_tokens"))
         self._finish(job, "succeeded", message=f"New model created: {name}")
 
-    def _settle_dead_child(self, job: dict, died_with_server: bool) -> None:
-        """Record the outcome of a child that is gone: its own verdict, else a crash."""
+    def _settle_dead_child(self, job: dict, died_with_server: bool, killed: bool = False) -> None:
+        """Record the outcome of a child that is gone: its own verdict; training again when a
+        signal or the server's end took it (up to `max_training_restarts` times); else a crash."""
         status = read_json(self._dir(job) / "status.json", {})
+        pid = job.get("_pid")
         if status.get("status") == "failed":
             error = status.get("error") or {}
             code, message = error.get("code", "training_failed"), error.get("message", "")
             self._finish(job, "failed", error=(code, message, error.get("param")))
+        elif (died_with_server or killed) and self._restarts(job) < self.max_training_restarts:
+            how = "died with the server" if died_with_server else "was killed by a signal"
+            self._requeue(job, f"the training process (pid {pid}) {how}")
         elif died_with_server:
-            pid = job.get("_pid")
             reason = f"the training process (pid {pid}) died with the server before finishing"
             self._finish(job, "failed", error=("server_restarted", reason))
         else:
@@ -329,6 +304,24 @@ class JobManager:
                 f"; last log lines:\n{tail}" if tail else ""
             )
             self._finish(job, "failed", error=("training_crashed", reason))
+
+    @staticmethod
+    def _restarts(job: dict) -> int:
+        return int(job.get("_training_restarts", 0))
+
+    def _requeue(self, job: dict, why: str) -> None:
+        """Queue the job to train again from the start. The same data, options and seed give
+        the same adapter, so a job that a killed server or the OOM killer interrupted ends as
+        it would have, under its own id (the client re-attaches to it, never submits twice)."""
+        directory, count = self._dir(job), self._restarts(job) + 1
+        (directory / "status.json").unlink(missing_ok=True)
+        shutil.rmtree(directory / "output", ignore_errors=True)
+        job.update(status="queued", _training_restarts=count)
+        job.pop("_pid", None), job.pop("_pid_start", None)
+        self._save(job)
+        limit = self.max_training_restarts
+        message = f"{why}; training again from the start (restart {count} of at most {limit})"
+        append_event(directory, message, level="warn")
 
     def _finish(self, job: dict, status: str, message: str = "", error: tuple | None = None):
         job.update(status=status, finished_at=int(time.time()))
