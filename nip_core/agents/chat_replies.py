@@ -9,9 +9,9 @@ list) raise `TransientCallError`, which the shared retry policy tries again.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
-
-import httpx
 
 from nip_core.agents.chat_client import ModelCallError, SamplingParams
 from nip_core.agents.retry import is_transient_status
@@ -26,6 +26,22 @@ class TransientCallError(ModelCallError):
     def __init__(self, reason: str, status: int | None, retry_after: float | None = None):
         super().__init__(reason, status=status, transient=True)
         self.reason, self.retry_after = reason, retry_after
+
+
+@dataclass(frozen=True)
+class HttpReply:
+    """An HTTP reply as the checks below read it: status, headers and the whole body."""
+
+    status_code: int
+    headers: Mapping[str, str]
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
 
 
 class UnreadableReply(Exception):
@@ -107,7 +123,7 @@ def split_choices(data: dict) -> tuple[list[str], list[str]]:
     return texts, bad
 
 
-def unreadable_detail(response: httpx.Response, problem: str) -> str:
+def unreadable_detail(response: HttpReply, problem: str) -> str:
     """One line naming the status, content type, size and start of an unreadable reply."""
     body = response.content
     content_type = response.headers.get("content-type", "no content-type")
@@ -119,7 +135,7 @@ def unreadable_detail(response: httpx.Response, problem: str) -> str:
     )
 
 
-def error_message(response: httpx.Response) -> str:
+def error_message(response: HttpReply) -> str:
     """The `error.message` of an OpenAI-shaped error body, else the start of the body."""
     try:
         return str(response.json()["error"]["message"])
@@ -135,7 +151,7 @@ class ProviderError(Exception):
         self.detail, self.status = detail, status
 
 
-def read_reply(response: httpx.Response) -> tuple[list[str], list[str]]:
+def read_reply(response: HttpReply) -> tuple[list[str], list[str]]:
     """A 2xx reply's (texts in choice order, reasons for unusable choices).
 
     An unreadable body raises `TransientCallError`: a proxy or overloaded server may answer 200

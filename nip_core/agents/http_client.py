@@ -1,5 +1,5 @@
 """`DirectHttpChatClient`: chat for every OpenAI-compatible endpoint (OpenAI, OpenRouter, our
-server, a vLLM server of one's own), posted by httpx without the `openai` SDK.
+server, a vLLM server of one's own), posted by aiohttp without the `openai` SDK.
 
 It sends what the SDK would: the JSON body, `Authorization: Bearer <key>` and, when set,
 `OPENAI_ORG_ID` / `OPENAI_PROJECT_ID` as `OpenAI-Organization` / `OpenAI-Project`; with no base
@@ -7,24 +7,28 @@ URL it goes where the SDK goes (`$OPENAI_BASE_URL`, else https://api.openai.com/
 redirects. On top: our own retry policy (`RetryPolicy.call`; HTTP 429 is retried, nip §8.21), a
 concurrency bound, the reply checks of `chat_replies`, and fewer-choices-than-`n` top-up.
 Transient failures are retried with back-off; once retries run out they raise
-`ModelCallError(transient=True)`. Skipping the SDK's request building saves most of the
-client's CPU per call at thousands of calls per second. The SDK stays the path for files and
+`ModelCallError(transient=True)`. At thousands of calls per second the client's CPU per call
+is what limits a rollout stage: the SDK (httpx underneath) spent ~3 ms a call here, httpx alone
+~2 ms, aiohttp ~0.35 ms (`bench/rollout_http.py`). The SDK stays the path for files and
 fine-tuning jobs (`nip_core.training`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import ssl
+from collections.abc import AsyncGenerator
 from typing import Any
 
-import httpx
+import aiohttp
 
 from nip_core.agents.chat_client import ModelCallError, SamplingParams, check_request
 from nip_core.agents.chat_replies import (
+    HttpReply,
     ProviderError,
     TransientCallError,
     error_message,
@@ -40,14 +44,11 @@ BASE_URL_ENV = "OPENAI_BASE_URL"
 # The SDK's optional account headers, read from the same variables.
 ACCOUNT_HEADERS = {"OpenAI-Organization": "OPENAI_ORG_ID", "OpenAI-Project": "OPENAI_PROJECT_ID"}
 _INVALID_CHOICE_RETRIES = 3  # content-filtered / empty answers tolerated per `complete`
-# httpcore's pool bookkeeping scans its connections (and, for idle ones, the whole list again)
-# every time a request starts or ends, so its CPU per request grows with the square of the pool:
-# measured here, one pool of 1,000+ connections spent 10 ms per call on it. Many small pools,
-# each with its own bound, keep that scan short at any concurrency.
-CONNECTIONS_PER_POOL = 8
-_NETWORK_ERRORS = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
-
-Pool = tuple[httpx.AsyncClient, asyncio.Semaphore]
+# An idle connection is dropped before the common 5 s keep-alive of servers (uvicorn's, httpx's):
+# reusing one the server has just closed costs a failed request and a back-off.
+KEEPALIVE_SECONDS = 4.0
+# Timeouts, connection resets, a reply cut short: worth asking again.
+_NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
 def endpoint_url(base_url: str | None) -> str:
@@ -56,7 +57,7 @@ def endpoint_url(base_url: str | None) -> str:
 
 
 class DirectHttpChatClient:
-    """`ChatClient` over httpx, with our own retries and a concurrency bound.
+    """`ChatClient` over aiohttp, with our own retries and a concurrency bound.
 
     Counters: `calls` = HTTP requests sent (attempts), `retries` = requests repeated after a
     transient failure or an unusable answer.
@@ -88,9 +89,9 @@ class DirectHttpChatClient:
         self.retries = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._semaphore: asyncio.Semaphore | None = None
-        self._pools: list[Pool] = []
+        self._session: aiohttp.ClientSession | None = None
+        self._closer: AsyncGenerator[None, None] | None = None
         self._ssl: ssl.SSLContext | None = None
-        self._turn = 0
 
     @staticmethod
     def _read_key(api_key_env: str | None) -> str:
@@ -128,66 +129,58 @@ class DirectHttpChatClient:
                 headers[header] = os.environ[variable]
         return headers
 
-    # ------------------------------------------------------------ connection pools
+    # ------------------------------------------------------------ the connection pool
 
-    def _new_pool(self) -> Pool:
+    def _new_session(self) -> aiohttp.ClientSession:
         if self._ssl is None:  # built once: loading the CA bundle costs milliseconds
             self._ssl = ssl.create_default_context()
-        size = min(CONNECTIONS_PER_POOL, self.max_concurrency)
-        limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
-        http = httpx.AsyncClient(
-            base_url=self.url,
-            headers=self._headers(),
-            timeout=self.timeout,
-            limits=limits,
-            verify=self._ssl,
-            follow_redirects=True,  # as the SDK's client does
+        connector = aiohttp.TCPConnector(
+            limit=self.max_concurrency, ssl=self._ssl, keepalive_timeout=KEEPALIVE_SECONDS
         )
-        return http, asyncio.Semaphore(size)  # nothing queues inside httpcore
+        t = self.timeout  # per phase, as httpx's: waiting for a connection, connecting, reading
+        timeout = aiohttp.ClientTimeout(total=None, connect=t, sock_connect=t, sock_read=t)
+        return aiohttp.ClientSession(
+            connector=connector,
+            headers=self._headers(),
+            timeout=timeout,
+            trust_env=True,  # proxies from the environment, as the SDK's client
+        )
 
-    def _bind_loop(self) -> asyncio.Semaphore:
-        """The bound on requests in flight across all pools; pools and bound belong to one
-        event loop, so a new loop starts afresh."""
+    def _bind_loop(self) -> tuple[aiohttp.ClientSession, asyncio.Semaphore]:
+        """The session and the bound on requests in flight; both belong to one event loop, so
+        a new loop starts afresh."""
         loop = asyncio.get_running_loop()
-        if self._loop is not loop or self._semaphore is None:
-            self._pools, self._loop = [], loop
+        if self._loop is not loop or self._session is None or self._semaphore is None:
+            self._loop, self._session = loop, self._new_session()
             self._semaphore = asyncio.Semaphore(self.max_concurrency)
-        return self._semaphore
-
-    def _pick_pool(self) -> Pool:
-        """A pool with a free connection, adding pools up to the concurrency as load grows."""
-        for pool in self._pools:
-            if not pool[1].locked():
-                return pool
-        if len(self._pools) * CONNECTIONS_PER_POOL < self.max_concurrency:
-            self._pools.append(self._new_pool())
-            return self._pools[-1]
-        self._turn = (self._turn + 1) % len(self._pools)  # all busy: queue round robin
-        return self._pools[self._turn]
+            self._closer = _closed_at_loop_end(self._session)
+        return self._session, self._semaphore
 
     async def aclose(self) -> None:
-        """Close the connection pools of the current loop."""
-        pools, self._pools, self._loop, self._semaphore = self._pools, [], None, None
-        await asyncio.gather(*(http.aclose() for http, _ in pools))
+        """Close the connection pool of the current loop."""
+        closer, self._closer = self._closer, None
+        self._session, self._loop, self._semaphore = None, None, None
+        if closer is not None:
+            await closer.aclose()
 
     # ------------------------------------------------------------ requests
 
     async def _create_once(self, body: dict[str, Any]) -> tuple[list[str], list[str]]:
         """One HTTP request; transient failures raise `TransientCallError`."""
-        async with self._bind_loop():
-            http, pool_slots = self._pick_pool()
-            async with pool_slots:
-                return await self._post(http, body)
+        session, in_flight = self._bind_loop()
+        async with in_flight:
+            return await self._post(session, body)
 
-    async def _post(self, http: httpx.AsyncClient, body: dict[str, Any]) -> tuple[list, list]:
+    async def _post(self, session: aiohttp.ClientSession, body: dict[str, Any]) -> tuple:
         model = body["model"]
         self.calls += 1
         try:
-            response = await http.post(
-                "/chat/completions",
-                content=json.dumps(body),
+            async with session.post(
+                f"{self.url}/chat/completions",
+                data=json.dumps(body),
                 headers={"Content-Type": "application/json"},
-            )
+            ) as reply:
+                response = HttpReply(reply.status, reply.headers, await reply.read())
         except _NETWORK_ERRORS as exc:
             raise TransientCallError(f"{type(exc).__name__}: {exc}", None) from None
         if response.status_code >= 400:
@@ -246,3 +239,21 @@ class DirectHttpChatClient:
                 self.retries += 1
                 log.warning("unusable completion (%s); asking again", reason)
         return texts[:n]
+
+
+def _closed_at_loop_end(session: aiohttp.ClientSession) -> AsyncGenerator[None, None]:
+    """An async generator, started here, whose end closes `session`: the running loop holds
+    every started async generator and `asyncio.run` ends them before it closes the loop, so a
+    client its caller never closed still closes its connections in their own loop (aiohttp
+    would warn of an unclosed session, and could not close its sockets on a dead loop)."""
+
+    async def hold() -> AsyncGenerator[None, None]:
+        try:
+            yield
+        finally:
+            await session.close()
+
+    closer = hold()
+    with contextlib.suppress(StopIteration):  # runs to its `yield` at once: nothing to await
+        closer.asend(None).send(None)
+    return closer
