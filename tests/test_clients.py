@@ -35,6 +35,7 @@ from nip_core.agents.clients import (
     make_chat_client,
     request_timeout,
 )
+from nip_core.agents.http_client import env_proxy
 from nip_core.agents.retry import is_transient
 from nip_core.parameters import PureTextAgentParameters
 
@@ -547,3 +548,18 @@ def test_request_timeout_setting_times_out_a_slow_server(server: FakeServer, key
     deadline = time.monotonic() + 5  # let the server finish its late answer inside this test
     while server.active and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def test_the_proxy_comes_from_the_environment_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the SDK's client: HTTPS_PROXY / HTTP_PROXY for the endpoint's scheme, NO_PROXY exempts,
+    credentials in the proxy URL go as proxy auth (read when the pool is built, not per call)."""
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    assert env_proxy("https://api.openai.com/v1") == (None, None)
+    monkeypatch.setenv("HTTPS_PROXY", "http://user:pw@proxy.example:3128")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    proxy, auth = env_proxy("https://api.openai.com/v1")
+    assert proxy == "http://proxy.example:3128" and (auth.login, auth.password) == ("user", "pw")
+    assert env_proxy("http://127.0.0.1:5000/v1") == (None, None)  # exempt
+    assert env_proxy("http://gpu-box:5000/v1") == (None, None)  # no HTTP_PROXY for http
