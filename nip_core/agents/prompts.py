@@ -173,15 +173,10 @@ def system_prompt(
 # rollout stage's CPU at 512 datapoints (bench/rollout_http.py). Its inputs are frozen values
 # and the package's templates do not change (a user's template file is read every time).
 @lru_cache(maxsize=4096)
-def _default_system_prompt(
-    protocol: Protocol,
-    agent_name: str,
-    agent_params: PureTextAgentParameters,
-    datapoint: Datapoint,
-    episode_seed: int,
-) -> str:
-    variables = prompt_variables(protocol, agent_name, agent_params, datapoint, episode_seed)
-    return _default_template(protocol, agent_name).render(**variables).strip()
+def _default_system_prompt(*inputs: Any) -> str:
+    """`system_prompt` from the package's template; `inputs` are `system_prompt`'s arguments."""
+    protocol, agent_name = inputs[:2]
+    return _default_template(protocol, agent_name).render(**prompt_variables(*inputs)).strip()
 
 
 def supervisor_fires(mode: str, first_turn: bool) -> bool:
