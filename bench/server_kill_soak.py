@@ -115,9 +115,15 @@ def training_and_server(run_dir: Path, server_pid: int) -> list[str]:
 
 def merge_children(server_pid: int) -> list[psutil.Process]:
     with contextlib.suppress(psutil.Error):
-        children = psutil.Process(server_pid).children(recursive=True)
-        return [p for p in children if "nip_core.lm_server.merge_lora" in " ".join(p.cmdline())]
+        return [p for p in psutil.Process(server_pid).children(recursive=True) if is_merge(p)]
     return []
+
+
+def is_merge(process: psutil.Process) -> bool:
+    """A `nip_core.lm_server.merge_lora` child (one that is gone is none)."""
+    with contextlib.suppress(psutil.Error):
+        return "nip_core.lm_server.merge_lora" in " ".join(process.cmdline())
+    return False
 
 
 def running_training(run_dir: Path) -> list[dict]:
@@ -134,7 +140,7 @@ def running_training(run_dir: Path) -> list[dict]:
 
 def merging(run_dir: Path, tag: str) -> bool:
     """A merge child (`nip_core.lm_server.merge_lora`) of this soak's runs is alive."""
-    return any("nip_core.lm_server.merge_lora" in " ".join(p.cmdline()) for p in tagged(tag))
+    return any(is_merge(p) for p in tagged(tag))
 
 
 def in_training(run_dir: Path, tag: str) -> bool:
@@ -170,15 +176,19 @@ VLLM_TARGETS = [
     Target("merge", merging, training_and_server, delay=0.0),
     Target("merge", merging, training_and_server, delay=1.5),
 ]
-# One MALT iteration small enough for the 2-core CPU (tests/test_vllm_cpu.py's end-to-end run)
+# One MALT iteration small enough for the 2-core CPU (also tests/test_vllm_cpu.py's end-to-end run)
 VLLM_OVERRIDES = [
-    "agents._default.vllm_enforce_eager=true",
+    "agents._default.vllm_enforce_eager=true",  # no torch.compile: vLLM starts in half the time
     "interaction_protocol=solo_verifier",
     "rl.rollouts_per_iteration=2",
+    # MALT's label pairs are balanced (as many "accept" as "reject"): this seed's batch of two
+    # holds one correct and one buggy solution, so there are pairs to train.
     "seed=4",
     "pure_text_malt.num_responses_per_timestep=2",
     "agents._default.max_tokens_per_message=16",
     "agents._default.max_response_words=12",
+    # MALT's guess-replaced pairs ("Decision: <true>" over "<false>") on every verifier rollout:
+    # a DPO job to train whatever the sampled verdicts were.
     "text_rl.verifier_guess_replacement_proportion=1.0",
     "text_rl.switch_guard=true",
     "text_rl.switch_guard_episodes=2",
@@ -227,6 +237,7 @@ def one_kill(
     env: dict,
     reference: Path,
     overrides: list[str],
+    port: int,
     exact: bool,
 ) -> tuple[int, str]:
     """Run once with the kill at `target`; (problems, one-line report). Every run uses the
@@ -235,7 +246,7 @@ def one_kill(
     run_dir = root / RUN
     flow = start(run_command(root, overrides), env, root / "run.log", tag)
     deadline = time.monotonic() + RUN_TIMEOUT
-    killed = aim_and_kill(target, run_dir, flow, tag, port_of(overrides), deadline)
+    killed = aim_and_kill(target, run_dir, flow, tag, port, deadline)
     before = snapshot(run_dir / ITERATION)  # what the run had written when the kill landed
     try:
         code = flow.wait(timeout=max(deadline - time.monotonic(), 1))
@@ -287,11 +298,6 @@ def one_kill(
     return problems, f"{what}: exit {code}, server back after {away} s; " + ", ".join(notes)
 
 
-def port_of(overrides: list[str]) -> int:
-    key = "agents._default.language_model_server_port="
-    return int(next(o for o in overrides if o.startswith(key)).split("=", 1)[1])
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", choices=("dummy", "vllm"), default="dummy")
@@ -302,7 +308,8 @@ def main() -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="server-kill-soak-"))
     env = soak_env(work, {"NIP_LM_SERVER_ENGINE": args.engine})
     env.pop("NIP_LM_SERVER_URL", None)
-    overrides = [f"agents._default.language_model_server_port={free_port()}"]
+    port = free_port()
+    overrides = [f"agents._default.language_model_server_port={port}"]
     if args.engine == "vllm":
         overrides += [*VLLM_OVERRIDES, f"agents._default.vllm_server_port={free_port()}"]
     reference_root = work / "reference"
@@ -316,8 +323,9 @@ def main() -> int:
     for index in range(kills):
         target = targets[index % len(targets)]
         began = time.monotonic()
+        exact = args.engine == "dummy"  # vLLM's answers differ run to run: bench/soak_kept.py
         problems, report = one_kill(
-            work, index, target, env, reference_root / RUN, overrides, args.engine == "dummy"
+            work, index, target, env, reference_root / RUN, overrides, port, exact
         )
         total += problems
         print(f"kill {index + 1} ({time.monotonic() - began:.0f} s): {report}", flush=True)

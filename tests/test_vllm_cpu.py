@@ -22,6 +22,7 @@ import httpx
 import pandas as pd
 import pytest
 
+from bench.server_kill_soak import VLLM_OVERRIDES
 from nip_core.lm_server.engines.vllm.config import vllm_venv
 
 REPO = Path(__file__).resolve().parent.parent
@@ -210,22 +211,7 @@ def test_a_switch_to_a_fine_tuned_model_changes_the_seeded_answer(tmp_path, engi
         assert "--no-enable-chunked-prefill" in vllm_log and "/collective_rpc" in vllm_log
 
 
-E2E = [
-    "agents._default.vllm_enforce_eager=true",  # no torch.compile: vLLM starts in half the time
-    "interaction_protocol=solo_verifier",
-    "rl.rollouts_per_iteration=2",
-    # MALT's label pairs are balanced (as many "accept" as "reject"): this seed's batch of two
-    # holds one correct and one buggy solution, so there are pairs to train.
-    "seed=4",
-    "pure_text_malt.num_responses_per_timestep=2",
-    "agents._default.max_tokens_per_message=16",
-    "agents._default.max_response_words=12",
-    # MALT's guess-replaced pairs ("Decision: <true>" over "<false>") on every verifier rollout:
-    # a DPO job to train whatever the sampled verdicts were.
-    "text_rl.verifier_guess_replacement_proportion=1.0",
-    "text_rl.switch_guard=true",
-    "text_rl.switch_guard_episodes=2",
-]
+E2E = VLLM_OVERRIDES  # one MALT iteration small enough for the 2-core CPU (the soak's too)
 
 
 @needs_vllm
