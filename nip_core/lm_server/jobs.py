@@ -317,7 +317,8 @@ class JobManager:
         (directory / "status.json").unlink(missing_ok=True)
         shutil.rmtree(directory / "output", ignore_errors=True)
         job.update(status="queued", _training_restarts=count)
-        job.pop("_pid", None), job.pop("_pid_start", None)
+        for field in ("_pid", "_pid_start"):  # the killed child's: the next launch sets its own
+            job.pop(field, None)
         self._save(job)
         limit = self.max_training_restarts
         message = f"{why}; training again from the start (restart {count} of at most {limit})"
