@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -263,3 +264,26 @@ def lm_server_for(paths: RunPaths, context: IterationContext) -> Iterator[Server
             del STARTED_HERE[server.url]
         if server is not None:
             server.stop()
+
+
+def side_by_side_urls(context: IterationContext, count: int) -> list[str | None]:
+    """A server URL for each of `count` runs side by side in worker processes, each with a
+    server of its own: the configured port and the free ports above it. All None where the
+    runs start no server of their own (no self-hosted agent, a remote or shared server, or
+    `$NIP_LM_SERVER_URL` set): they use that one, as a single run does."""
+    endpoint = self_hosted_endpoint(context)
+    if endpoint is None or os.environ.get(SERVER_URL_ENV):
+        return [None] * count
+    scheme_host, host, port = endpoint
+    if host not in LOOPBACK or self_hosted_agents(context)[0].language_model_server_shared:
+        return [None] * count
+    if server_engine(context) == "vllm":
+        raise ValueError(
+            "seeds side by side need a server each, and vLLM servers would contend for the "
+            "same ports and accelerator memory: set experiment.parallel_seeds: 1, or serve "
+            "with language_model_server_engine: transformers"
+        )
+    free = list(islice((p for p in range(port, port + 1000) if port_is_free(host, p)), count))
+    if len(free) < count:
+        raise RuntimeError(f"found fewer than {count} free ports from {port} up")
+    return [f"{scheme_host}:{p}" for p in free]

@@ -101,6 +101,7 @@ def test_an_invalid_arm_override_fails_before_anything_runs(tmp_path, capsys):
         ("experiment.iterations=0", "experiment.iterations"),
         ("experiment.evaluation_split=train", "evaluation_split"),
         ("experiment.arms=1", "not a settable field"),
+        ("experiment.parallel_seeds=0", "experiment.parallel_seeds"),
     ],
 )
 def test_bad_experiment_settings_fail_with_one_line(tmp_path, capsys, override, needle):

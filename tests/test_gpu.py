@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from tests.conftest_lm import dpo_lines, running_server, upload, wait_job
+from tests.test_experiment_side_by_side import overlap
 
 
 def _cuda() -> bool:
@@ -108,3 +109,4 @@ def test_easy_experiment_two_seeds_on_one_gpu(prefect_harness, tmp_path):
     assert len(malt) == 2 and malt["auc"].notna().all()
     control = summary[(summary.scope == "across_seeds") & (summary.arm == "shuffled_labels")]
     assert len(control) > 0
+    assert overlap(tmp_path / "gpu-easy", (6198, 6199)), "on a GPU the two seeds run side by side"

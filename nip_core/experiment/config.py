@@ -6,6 +6,8 @@
       evaluation_split: test          # or "validation" (carved from train) while tuning
       bootstrap_resamples: 2000
       seeds: 5                        # or a list [6198, 11]; a count counts up from `seed`
+      parallel_seeds: 2               # seeds side by side, a server each (null: 4 where a
+                                      #   CUDA GPU serves them, else 1)
       arms:                           # name -> dotted overrides; malt, ei and shuffled_labels
         malt: {}                      #   are built in
         ei: {}
@@ -44,6 +46,7 @@ class ExperimentSettings:
     evaluation_split: str = "test"
     bootstrap_resamples: int = 2000
     seeds: int | list[int] | None = None  # None: the config's own seed only
+    parallel_seeds: int | None = None  # seeds run side by side; None: chosen by the machine
     arms: Mapping[str, Mapping[str, object]] = field(default_factory=lambda: {"malt": {}, "ei": {}})
 
 
@@ -92,6 +95,13 @@ def parse_settings(section: object) -> ExperimentSettings:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"experiment.{name} must be a positive integer, got {value!r}")
     check_seeds(settings.seeds)
+    parallel = settings.parallel_seeds
+    if parallel is not None and (
+        isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1
+    ):
+        raise ValueError(
+            f"experiment.parallel_seeds must be a positive integer or null, got {parallel!r}"
+        )
     if settings.evaluation_split not in SPLITS:
         raise ValueError(
             f"experiment.evaluation_split must be one of {SPLITS}, got "
