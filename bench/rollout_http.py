@@ -62,9 +62,11 @@ def serve(port: int, latency: float) -> None:
     from nip_core.model_api.dummy_player import dummy_reply
 
     calls = 0
+    arrivals: list[float] = []  # wall-clock time of every request, for the level breakdown
 
     async def chat(request: Request) -> JSONResponse:
         nonlocal calls
+        arrivals.append(time.time())
         body = await request.json()
         await asyncio.sleep(latency)
         calls += 1
@@ -94,7 +96,7 @@ def serve(port: int, latency: float) -> None:
         )
 
     async def stats(_: Request) -> JSONResponse:
-        return JSONResponse({"calls": calls})
+        return JSONResponse({"calls": calls, "arrivals": arrivals})
 
     async def models(_: Request) -> JSONResponse:  # the flows' provider check asks first
         return JSONResponse({"object": "list", "data": [{"id": "gpt-4o-mini", "object": "model"}]})
@@ -205,17 +207,38 @@ def rollout_entry(root: str, run_name: str) -> dict:
     return json.loads(manifest.read_text())["stages"]["rollouts"]
 
 
+def tree_levels(arrivals: list[float], latency: float) -> list[tuple[float, float]]:
+    """(start, end) of each burst of requests: a tree level's calls all leave at once, and the
+    next level's no sooner than `latency` after."""
+    levels: list[list[float]] = []
+    for t in sorted(arrivals):
+        if levels and t - levels[-1][-1] < latency / 2:
+            levels[-1].append(t)
+        else:
+            levels.append([t])
+    return [(level[0], level[-1]) for level in levels]
+
+
 def measure_cli(url: str, datapoints: int, latency: float) -> dict[str, float]:
+    """The stage's wall from the manifest, and where it went: the spread of the first level's
+    requests, and the time outside the first request's departure and the last answer."""
     with tempfile.TemporaryDirectory() as root:
-        before = httpx.get(f"{url}/stats").json()["calls"]
+        before = httpx.get(f"{url}/stats").json()
         nodes = cli_rollout_stage(url, root, f"bench-{datapoints}", datapoints)
-        calls = httpx.get(f"{url}/stats").json()["calls"] - before
+        after = httpx.get(f"{url}/stats").json()
         wall = rollout_entry(root, f"bench-{datapoints}")["seconds"]
+    calls = after["calls"] - before["calls"]
+    levels = tree_levels(after["arrivals"][len(before["arrivals"]) :], latency)
+    in_calls = levels[-1][1] + latency - levels[0][0]
     return {
         "nodes": nodes,
         "calls": calls,
         "ratio": wall / (ROUNDS * latency),
         "calls_per_s": calls / wall,
+        "first_level_spread_s": levels[0][1] - levels[0][0],
+        "later_level_spread_s": max((end - start for start, end in levels[1:]), default=0.0),
+        "outside_calls_s": wall - in_calls,
+        "levels": len(levels),
     }
 
 
@@ -256,7 +279,9 @@ def main() -> None:
     summary = {}
     one_run, keys = measure, ("ratio", "calls_per_s", "cpu_ms_per_call")
     if args.via == "cli":
-        one_run, keys = measure_cli, ("ratio", "calls_per_s")
+        one_run = measure_cli
+        keys = ("ratio", "calls_per_s", "first_level_spread_s", "later_level_spread_s")
+        keys += ("outside_calls_s", "levels")
     with loopback_server(args.latency, args.port) as url:
         if args.via == "stage":
             rollout_stage(url, tempfile.mkdtemp(), "warm-up", 2)  # imports, templates, connections

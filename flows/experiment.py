@@ -234,7 +234,8 @@ def workers_reach_this_api() -> Iterator[None]:
     if os.environ.get("PREFECT_API_URL"):
         yield
         return
-    os.environ["PREFECT_API_URL"] = str(get_client().api_url)
+    with get_client(sync_client=True) as client:
+        os.environ["PREFECT_API_URL"] = str(client.api_url)
     try:
         yield
     finally:

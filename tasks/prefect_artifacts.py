@@ -12,8 +12,10 @@ outside a flow or task run, so the stages stay callable from plain Python.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,20 +45,60 @@ def in_prefect_run() -> bool:
 
 
 class ProgressArtifact:
-    """A Prefect progress artifact created on first use; errors disable it with a warning."""
+    """A Prefect progress artifact created on first use; errors disable it with a warning.
+
+    `set` only hands the latest value to a publishing thread of its own: the progress callback
+    runs inside the rollouts' event loop, and a call to the Prefect API there held up every
+    model call of the level (the first, which creates the artifact, most). `close` publishes
+    the last value and waits for it.
+    """
 
     def __init__(self, key: str, description: str) -> None:
         self.key, self.description = key, description
         self.artifact_id: Any = None
         self.enabled = in_prefect_run()
+        self._latest: tuple[float, str] | None = None
+        self._closing = False
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
 
     def set(self, percent: float, description: str) -> None:
         if not self.enabled:
             return
+        with self._wake:
+            self._latest = (round(min(max(percent, 0.0), 100.0), 1), description)
+            self._wake.notify()
+        if self._thread is None:  # the run's context goes along: the artifact attaches to it
+            context = contextvars.copy_context()
+            self._thread = threading.Thread(
+                target=context.run, args=(self._publish_latest,), name=f"progress-{self.key}"
+            )
+            self._thread.daemon = True
+            self._thread.start()
+
+    def close(self) -> None:
+        """Publish the last value handed to `set`, then stop the publishing thread."""
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _publish_latest(self) -> None:
+        while True:
+            with self._wake:
+                while self._latest is None and not self._closing:
+                    self._wake.wait()
+                if self._latest is None:
+                    return
+                (percent, description), self._latest = self._latest, None
+            if self.enabled:
+                self._publish(percent, description)
+
+    def _publish(self, percent: float, description: str) -> None:
         from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-        percent = round(min(max(percent, 0.0), 100.0), 1)
-        try:  # _sync: the callback runs inside the rollouts' event loop but must not be awaited
+        try:
             if self.artifact_id is None:
                 self.artifact_id = create_progress_artifact(
                     percent, key=self.key, description=description, _sync=True

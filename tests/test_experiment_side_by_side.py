@@ -15,9 +15,9 @@ from nip_core.agents.clients import SERVER_URL_ENV
 from nip_core.experiment.stats import EXPERIMENT_COLUMNS
 from nip_core.lm_server.launch import free_port
 from nip_core.parameters import HyperParameters
-from nip_core.parameters.loading import apply_overrides
 from nip_core.run.iteration_context import build_context
 from tests.test_experiment_flow import CONFIG, write_config
+from tests.test_lm_server_ownership import self_hosted
 
 SELF_HOSTED = {
     "_default": {
@@ -35,20 +35,6 @@ def dummy_engine(monkeypatch):
     monkeypatch.delenv(SERVER_URL_ENV, raising=False)
 
 
-def self_hosted_context(port: int, *extra: str):
-    hp = apply_overrides(
-        HyperParameters.construct_test_params(),
-        [
-            "agents._default.model_provider=SelfHosted",
-            "agents._default.use_dummy_api=false",
-            "agents._default.language_model_server_scheme_host=http://127.0.0.1",
-            f"agents._default.language_model_server_port={port}",
-            *extra,
-        ],
-    )
-    return build_context(hp, "r", 0)
-
-
 def test_side_by_side_urls_skip_busy_ports(dummy_engine):
     import socket
 
@@ -56,7 +42,7 @@ def test_side_by_side_urls_skip_busy_ports(dummy_engine):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", port + 1))
         busy.listen()
-        urls = lm_server.side_by_side_urls(self_hosted_context(port), 3)
+        urls = lm_server.side_by_side_urls(self_hosted(port), 3)
     assert urls[0] == f"http://127.0.0.1:{port}"
     assert f"http://127.0.0.1:{port + 1}" not in urls and len(set(urls)) == 3
 
@@ -64,17 +50,17 @@ def test_side_by_side_urls_skip_busy_ports(dummy_engine):
 def test_side_by_side_urls_leave_other_servers_alone(dummy_engine, monkeypatch):
     dummy_api = build_context(HyperParameters.construct_test_params(), "r", 0)
     assert lm_server.side_by_side_urls(dummy_api, 2) == [None, None]
-    shared = self_hosted_context(free_port(), "agents._default.language_model_server_shared=true")
+    shared = self_hosted(free_port(), "agents._default.language_model_server_shared=true")
     assert lm_server.side_by_side_urls(shared, 2) == [None, None]
     monkeypatch.setenv(SERVER_URL_ENV, "http://127.0.0.1:7")  # the user's own server
-    assert lm_server.side_by_side_urls(self_hosted_context(free_port()), 2) == [None, None]
+    assert lm_server.side_by_side_urls(self_hosted(free_port()), 2) == [None, None]
 
 
 def test_vllm_servers_side_by_side_are_refused_with_the_way_out(monkeypatch):
     monkeypatch.setenv(lm_server.ENGINE_ENV, "vllm")
     monkeypatch.delenv(SERVER_URL_ENV, raising=False)
     with pytest.raises(ValueError, match="parallel_seeds: 1"):
-        lm_server.side_by_side_urls(self_hosted_context(free_port()), 2)
+        lm_server.side_by_side_urls(self_hosted(free_port()), 2)
 
 
 def test_vllm_side_by_side_fails_before_anything_runs(tmp_path, monkeypatch, capsys):

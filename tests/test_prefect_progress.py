@@ -30,6 +30,9 @@ class RecordingArtifact:
     def set(self, percent: float, description: str) -> None:
         self.updates.append((percent, description))
 
+    def close(self) -> None:
+        self.closed = True
+
 
 def two_shards_two_levels() -> list[tuple[int, int, int]]:
     """Shard A: levels of 2 then 4 calls; shard B: 3 then 1; interleaved as asyncio would."""
@@ -109,6 +112,26 @@ def test_progress_artifact_is_a_no_op_outside_prefect():
     assert artifact.enabled is False
     artifact.set(50.0, "half")  # no API call, no error
     assert artifact.artifact_id is None
+
+
+def test_setting_progress_never_waits_for_the_prefect_api(monkeypatch):
+    """The rollouts' event loop hands values over; a thread publishes the latest of them."""
+    import threading
+
+    artifact = ProgressArtifact("some-run-progress", "desc")
+    artifact.enabled = True  # as inside a run
+    api_answers, published = threading.Event(), []
+
+    def slow_api(percent: float, description: str) -> None:
+        published.append((percent, description, api_answers.wait(timeout=10)))
+
+    monkeypatch.setattr(artifact, "_publish", slow_api)
+    for step in range(5):
+        artifact.set(10.0 * step, f"step {step}")  # returns while the API has not answered
+    api_answers.set()
+    artifact.close()
+    assert all(answered for _, _, answered in published), "set() waited for the API"
+    assert published[-1][:2] == (40.0, "step 4") and len(published) <= 2  # only the latest
 
 
 def test_progress_artifact_inside_a_flow_from_the_event_loop(prefect_harness):

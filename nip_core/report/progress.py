@@ -21,6 +21,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 class ProgressSink(Protocol):
     def set(self, percent: float, description: str) -> None: ...
 
+    def close(self) -> None:
+        """Deliver the last value set; called once, when the generation ends."""
+
 
 class RolloutProgress:
     """The `grow_trees` progress callback: counts calls and drives the bar and the artifact."""
@@ -83,6 +86,7 @@ class RolloutProgress:
             self.percent = 100.0
         if self.artifact is not None:
             self.artifact.set(self.percent, self.status() + ("" if finished else " (stopped)"))
+            self.artifact.close()
         self._update_bar(self.clock(), force=True)
         if self.bar is not None:
             self.bar.stop()
