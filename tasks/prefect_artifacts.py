@@ -48,9 +48,9 @@ class ProgressArtifact:
     """A Prefect progress artifact created on first use; errors disable it with a warning.
 
     `set` only hands the latest value to a publishing thread of its own: the progress callback
-    runs inside the rollouts' event loop, and a call to the Prefect API there held up every
-    model call of the level (the first, which creates the artifact, most). `close` publishes
-    the last value and waits for it.
+    runs inside the rollouts' event loop, and a synchronous call to the Prefect API there stops
+    the loop, and every model call in flight, until the API answers. `close` publishes the last
+    value and waits for it.
     """
 
     def __init__(self, key: str, description: str) -> None:
