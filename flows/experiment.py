@@ -80,6 +80,7 @@ from nip_core.experiment.seed_outputs import (
     timings_table,
     training_table,
 )
+from nip_core.lm_server.training import has_cuda
 from nip_core.parameters import HyperParameters
 from nip_core.parameters.loading import apply_overrides, read_params_file
 from nip_core.run.artifacts import RunPaths, default_root
@@ -187,21 +188,13 @@ def run_seed(spec: Experiment, seed: int, experiment_root: str, use_wandb: bool)
 AUTO_PARALLEL_SEEDS = 4
 
 
-def cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
 def seeds_at_once(spec: Experiment, pending: int) -> int:
     """How many of the `pending` seeds run side by side: `experiment.parallel_seeds`, or (null)
     AUTO_PARALLEL_SEEDS where a CUDA GPU serves a non-vLLM engine, else 1."""
     wanted = spec.settings.parallel_seeds
     if wanted is None:
         engine = server_engine(build_context(spec.base, BASE_RUN, 0))
-        wanted = AUTO_PARALLEL_SEEDS if engine != "vllm" and cuda_available() else 1
+        wanted = AUTO_PARALLEL_SEEDS if engine != "vllm" and has_cuda() else 1
     return max(1, min(wanted, pending))
 
 

@@ -80,11 +80,11 @@ def test_seeds_at_once_follows_the_setting_then_the_machine(tmp_path, monkeypatc
     spec = resolve_experiment(config, ["experiment.parallel_seeds=3"])
     assert [seeds_at_once(spec, n) for n in (0, 1, 2, 5)] == [1, 1, 2, 3]
     auto = resolve_experiment(config, [])
-    monkeypatch.setattr(experiment, "cuda_available", lambda: True)
+    monkeypatch.setattr(experiment, "has_cuda", lambda: True)
     assert seeds_at_once(auto, 6) == experiment.AUTO_PARALLEL_SEEDS
     monkeypatch.setenv(lm_server.ENGINE_ENV, "vllm")  # a vLLM server claims the GPU for itself
     assert seeds_at_once(auto, 6) == 1
-    monkeypatch.setattr(experiment, "cuda_available", lambda: False)
+    monkeypatch.setattr(experiment, "has_cuda", lambda: False)
     monkeypatch.setenv(lm_server.ENGINE_ENV, "transformers")
     assert seeds_at_once(auto, 6) == 1
 
