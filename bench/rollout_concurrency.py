@@ -3,7 +3,7 @@
     python bench/rollout_concurrency.py
 
 32 datapoints x 3 rounds (NIP) x 2 responses per node, with the dummy backend simulating 200 ms
-per call (and no invalid answers, so no re-sampling adds rounds). A level-synchronous generator
+per call (and no invalid answers, so no re-sampling adds rounds). A concurrent tree generator
 needs about rounds x latency; one call at a time would need calls x latency (~150x that).
 Prints wall time / (rounds x latency) on the last line (target <= 1.5).
 """

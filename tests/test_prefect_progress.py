@@ -34,13 +34,19 @@ class RecordingArtifact:
         self.closed = True
 
 
-def two_shards_two_levels() -> list[tuple[int, int, int]]:
-    """Shard A: levels of 2 then 4 calls; shard B: 3 then 1; interleaved as asyncio would."""
-    a0 = [(0, i, 2) for i in (1, 2)]
-    b0 = [(0, i, 3) for i in (1, 2, 3)]
-    a1 = [(1, i, 4) for i in (1, 2, 3, 4)]
-    b1 = [(1, 1, 1)]
-    return [a0[0], b0[0], b0[1], a0[1], a1[0], b0[2], a1[1], b1[0], a1[2], a1[3]]
+def two_shards_two_rounds() -> list[tuple[int, int, int]]:
+    """(round, issued, finished) as grow_trees reports them: shard A sends 2 calls in round 0,
+    then 4 once they are answered; shard B 3, then 1; interleaved as asyncio would."""
+    return [
+        (0, 2, 0),
+        (0, 3, 0),
+        *[(0, 0, 1)] * 4,  # A's two and two of B's
+        (1, 4, 0),  # A's round 0 is answered: its round 1 leaves
+        (1, 0, 1),
+        (0, 0, 1),  # B's last round-0 call
+        (1, 1, 0),
+        *[(1, 0, 1)] * 4,
+    ]
 
 
 def test_counts_calls_and_known_total_across_interleaved_shards():
@@ -48,14 +54,19 @@ def test_counts_calls_and_known_total_across_interleaved_shards():
     reporter = RolloutProgress(
         "it 0", rounds=2, artifact=artifact, console=Console(file=io.StringIO()), min_interval=0
     )
-    seen_known = []
-    for event in two_shards_two_levels():
+    seen_known, seen_done = [], []
+    for event in two_shards_two_rounds():
         reporter(*event)
         seen_known.append(reporter.calls_known)
+        seen_done.append(reporter.calls_done)
     assert reporter.calls_done == 10
-    assert seen_known == [2, 5, 5, 5, 9, 9, 9, 10, 10, 10]
+    assert seen_known == [2, 5, 5, 5, 5, 5, 9, 9, 9, 10, 10, 10, 10, 10]
+    assert seen_done == [0, 0, 1, 2, 3, 4, 4, 5, 6, 6, 7, 8, 9, 10]
     percents = [p for p, _ in artifact.updates]
+    assert len(percents) == 10  # one update per answered call, none for sent ones
     assert percents == sorted(percents) and max(percents) < 100  # monotonic, not done yet
+    assert percents[:4] == [10.0, 20.0, 30.0, 40.0]  # share of each round's known calls done
+    assert percents[-1] == 99.0  # every known call answered, the stage not yet closed
     reporter.close()
     assert artifact.updates[-1][0] == 100.0
     assert "10/10 calls known so far" in artifact.updates[-1][1]
@@ -72,8 +83,9 @@ def test_artifact_updates_are_throttled():
         min_interval=0.5,
         clock=clock,
     )
-    for i in range(1, 101):
-        reporter(0, i, 100)
+    reporter(0, 100, 0)
+    for _ in range(100):
+        reporter(0, 0, 1)
     # 100 calls over ~10 s at <= 2 updates/s: about 20 updates, never one per call.
     assert 10 <= len(artifact.updates) <= 25
     rate = reporter.calls_per_second()
@@ -85,7 +97,7 @@ def test_terminal_bar_shows_calls_and_rate():
     reporter = RolloutProgress(
         "iteration 3 rollouts", rounds=2, console=Console(file=out, force_terminal=True, width=120)
     )
-    for event in two_shards_two_levels():
+    for event in two_shards_two_rounds():
         reporter(*event)
     reporter.close()
     text = out.getvalue()
@@ -98,7 +110,8 @@ def test_stopped_run_is_not_reported_complete_and_idle_run_shows_nothing():
     reporter = RolloutProgress(
         "x", rounds=4, artifact=artifact, console=Console(file=io.StringIO())
     )
-    reporter(0, 1, 8)
+    reporter(0, 8, 0)
+    reporter(0, 0, 1)
     reporter.close(finished=False)
     assert artifact.updates[-1][0] < 100 and "stopped" in artifact.updates[-1][1]
 
@@ -148,7 +161,7 @@ def test_progress_artifact_inside_a_flow_from_the_event_loop(prefect_harness):
         )
 
         async def calls() -> None:
-            for event in two_shards_two_levels():
+            for event in two_shards_two_rounds():
                 reporter(*event)
                 await asyncio.sleep(0)
 

@@ -1,4 +1,4 @@
-"""Level-synchronous tree growth: node ids, branching, frozen agents, determinism, call shape."""
+"""Tree growth: node ids, branching, frozen agents, determinism, call shape, no level barrier."""
 
 from __future__ import annotations
 
@@ -215,6 +215,39 @@ def test_same_seed_same_table_and_other_run_seed_differs():
     other = grow(ctx, DummyChatClient(0), run_seed=ctx.hyper_params.seed + 1)
     assert not first.equals(other)
     assert first.column("node_id").to_pylist()[:4] == other.column("node_id").to_pylist()[:4]
+
+
+class SlowForOneDatapoint:
+    """Answers the calls about one problem after `delay` seconds and the others at once,
+    recording when each call left and when it was answered."""
+
+    def __init__(self, inner, slow_question: str, delay: float) -> None:
+        self.inner, self.slow_question, self.delay = inner, slow_question, delay
+        self.timeline: list[tuple[bool, float, float]] = []  # (slow?, sent, answered)
+
+    async def complete(self, messages, model, n, sampling):
+        loop = asyncio.get_running_loop()
+        slow, sent = self.slow_question in repr(messages), loop.time()
+        if slow:
+            await asyncio.sleep(self.delay)
+        replies = await self.inner.complete(messages, model, n, sampling)
+        self.timeline.append((slow, sent, loop.time()))
+        return replies
+
+
+def test_a_slow_call_holds_up_only_its_own_subtree():
+    """The other problems' later rounds leave while the slow problem's first call is out, and
+    the table is the one a client without delays gives (BFS order, same rows)."""
+    ctx = make_context("nip", "nip_protocol.max_message_rounds=3")
+    items = make_items(3)
+    client = SlowForOneDatapoint(DummyChatClient(5, invalid_probability=0.0), "first 0 ", 0.5)
+    table = grow(ctx, client, items)
+    first_slow_answer = min(answered for slow, _, answered in client.timeline if slow)
+    later_fast_calls = [sent for slow, sent, _ in client.timeline if not slow]
+    rounds_started = {row["round"] for row in table.to_pylist() if row["batch_index"] != 0}
+    assert max(rounds_started) == 2  # the fast problems reached their last round...
+    assert max(later_fast_calls) < first_slow_answer  # ...before the slow one's first answer
+    assert table.equals(grow(ctx, DummyChatClient(5, invalid_probability=0.0), items))
 
 
 def test_one_call_per_node_and_agent_with_n_children():

@@ -1,9 +1,10 @@
-"""Grow MALT response trees, level by level across a whole batch of datapoints.
+"""Grow MALT response trees for a whole batch of datapoints, every open node at once.
 
 At every round each open node gets `num_responses_per_timestep` children, one joint response of
 the agents active in that round per child (one child when every active agent is frozen and
-`frozen_agents_generate_one_response` is set). All calls of a level are issued together; the K
-siblings of a node share their prompts, so each (node, agent) is one model call with `n = K`.
+`frozen_agents_generate_one_response` is set). A node's calls leave as soon as its parent's are
+answered; the K siblings of a node share their prompts, so each (node, agent) is one model call
+with `n = K`.
 
 Node ids come from tree position (`b<batch_index>` for a root, `<parent>.<k>` for its k-th child)
 and call seeds from (run seed, iteration, node id, agent), so reruns give identical trees.
@@ -23,7 +24,7 @@ from nip_core.malt import schemas
 from nip_core.protocols import Protocol, active_agents, step_outcome
 from nip_core.seeding import call_seed
 
-ProgressCallback = Callable[[int, int, int], None]  # (round, calls done, calls in this level)
+ProgressCallback = Callable[[int, int, int], None]  # (round, calls issued, calls finished)
 
 
 @dataclass(frozen=True)
@@ -85,38 +86,52 @@ async def grow_trees(
     settings: RolloutSettings,
     progress: ProgressCallback | None = None,
 ) -> pa.Table:
-    """Generate the full response tree of every item; returns the nodes table (BFS order)."""
-    protocol = settings.protocol
+    """Generate the full response tree of every item; returns the nodes table (BFS order).
+
+    A node grows its children as soon as its own calls are answered, without waiting for the
+    rest of its level: a slow call holds up only its own subtree, and the client's work on one
+    answer overlaps the wait for the others.
+    """
     roots = [_Node(node_id=f"b{it.batch_index}", item=it, parent=None, round=-1) for it in items]
-    levels: list[list[_Node]] = [roots]
     semaphore = asyncio.Semaphore(settings.max_concurrent_requests)
-    for round_ in range(protocol.max_message_rounds):
-        open_nodes = [node for node in levels[-1] if not node.ended]
-        if not open_nodes:
-            break
-        levels.append(await _grow_level(open_nodes, round_, settings, semaphore, progress))
-    return nodes_table([node for level in levels for node in level])
+    children: dict[str, list[_Node]] = {}
+
+    async def grow(node: _Node, round_: int) -> None:
+        if round_ >= settings.protocol.max_message_rounds or node.ended:
+            return
+        children[node.node_id] = grown = await _node_children(
+            node, round_, settings, semaphore, progress
+        )
+        await asyncio.gather(*(grow(child, round_ + 1) for child in grown))
+
+    await asyncio.gather(*(grow(root, 0) for root in roots))
+    return nodes_table(_breadth_first(roots, children))
 
 
-async def _grow_level(
-    parents: list[_Node],
+def _breadth_first(roots: list[_Node], children: Mapping[str, list[_Node]]) -> list[_Node]:
+    """Level by level, each level in its parents' order and then the children's index."""
+    ordered, level = [], roots
+    while level:
+        ordered.extend(level)
+        level = [child for node in level for child in children.get(node.node_id, ())]
+    return ordered
+
+
+async def _node_children(
+    node: _Node,
     round_: int,
     settings: RolloutSettings,
     semaphore: asyncio.Semaphore,
     progress: ProgressCallback | None,
 ) -> list[_Node]:
-    protocol = settings.protocol
-    requests: list[tuple[_Node, str, int]] = []
-    for node in parents:
-        active = active_agents(protocol, round_, node.item.episode_seed)
-        k = children_per_node(settings, active)
-        requests.extend((node, agent, k) for agent in active)
+    """The node's children in `round_`: one call per active agent (n = k), then k children."""
+    protocol, item = settings.protocol, node.item
+    active = active_agents(protocol, round_, item.episode_seed)
+    k = children_per_node(settings, active)
+    if progress is not None:
+        progress(round_, len(active), 0)
 
-    done = 0
-
-    async def call(node: _Node, agent: str, k: int) -> list[AgentResponse]:
-        nonlocal done
-        item = node.item
+    async def call(agent: str) -> list[AgentResponse]:
         chat = chat_messages(
             protocol,
             agent,
@@ -139,24 +154,15 @@ async def _grow_level(
                 item.episode_seed,
                 call_seed(settings.run_seed, settings.iteration, node.node_id, agent),
             )
-        done += 1
         if progress is not None:
-            progress(round_, done, len(requests))
+            progress(round_, 0, 1)
         return responses
 
-    results = await asyncio.gather(*(call(*request) for request in requests))
-    responses: dict[tuple[str, str], list[AgentResponse]] = {}
-    for (node, agent, _), result in zip(requests, results, strict=True):
-        responses[(node.node_id, agent)] = result
-
-    children: list[_Node] = []
-    for node in parents:
-        active = active_agents(protocol, round_, node.item.episode_seed)
-        k = children_per_node(settings, active)
-        for index in range(k):
-            picked = {agent: responses[(node.node_id, agent)][index] for agent in active}
-            children.append(_child(node, index, round_, picked, protocol))
-    return children
+    results = dict(zip(active, await asyncio.gather(*(call(a) for a in active)), strict=True))
+    return [
+        _child(node, index, round_, {agent: results[agent][index] for agent in active}, protocol)
+        for index in range(k)
+    ]
 
 
 def _child(

@@ -48,6 +48,14 @@ def journaled_by(paths: RunPaths, context: IterationContext, journal: str):
 
 
 async def _grow_shards(paths, context, settings, shards, progress) -> None:
+    """Grow the unfinished shards together.
+
+    Each shard is checkpointed by a worker thread as soon as it is complete, one at a time (the
+    manifest is read, changed and written whole), so the event loop goes on serving the other
+    shards' calls meanwhile.
+    """
+    manifest_lock = asyncio.Lock()
+
     async def one(shard_index: int, items) -> None:
         stage, relative = shard_stage(shard_index), rollout_shard_file(shard_index)
         if finished_stage(paths, context, stage) is not None:
@@ -58,7 +66,8 @@ async def _grow_shards(paths, context, settings, shards, progress) -> None:
             path = paths.iteration_file(context.iteration, relative)
             return {relative: write_parquet(paths.fs, path, table)}, {"nodes": table.num_rows}
 
-        run_stage(paths, context, stage, compute)
+        async with manifest_lock:
+            await asyncio.to_thread(run_stage, paths, context, stage, compute)
 
     try:
         await asyncio.gather(*(one(i, items) for i, items in enumerate(shards)))
@@ -74,6 +83,8 @@ def grow_all_trees(paths: RunPaths, context: IterationContext, progress=None) ->
         clients = journaled_by(paths, context, CALL_JOURNAL_FILE)
         settings = rollout_settings(context, clients)
         asyncio.run(_grow_shards(paths, context, settings, shards, progress))
+        # Read back even the shards grown here: nodes.parquet is then byte for byte the same
+        # whether the run was resumed or not.
         tables = [
             read_parquet(paths.fs, paths.iteration_file(context.iteration, rollout_shard_file(i)))
             for i in range(len(shards))

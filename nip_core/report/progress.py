@@ -1,10 +1,10 @@
 """Progress of tree generation: a rich bar on the terminal, and an optional sink (a Prefect
 progress artifact, see `tasks.prefect_artifacts.rollout_progress`).
 
-`grow_trees` calls `progress(round, calls_done, calls_in_level)` after every model call, once per
-shard and level (shards grow concurrently, so calls of several levels interleave). The total
-number of calls is not known in advance (episodes end early), so the bar shows calls done out
-of the calls known so far, plus calls per second. The sink is updated at most `min_interval`
+`grow_trees` calls `progress(round, issued, 0)` when a node sends its calls of a round and
+`progress(round, 0, 1)` when one of them is answered (nodes of every round and shard interleave).
+The total number of calls is not known in advance (episodes end early), so the bar shows calls
+done out of the calls known so far, plus calls per second. The sink is updated at most `min_interval`
 apart; progress never fails a run.
 """
 
@@ -42,6 +42,8 @@ class RolloutProgress:
         self.artifact, self.console = artifact, console
         self.min_interval, self.clock = min_interval, clock
         self.calls_done = self.calls_known = 0
+        self.issued_by_round: dict[int, int] = {}
+        self.done_by_round: dict[int, int] = {}
         self.round = 0
         self.percent = 0.0
         self.started: float | None = None
@@ -50,16 +52,19 @@ class RolloutProgress:
         self.bar_task: Any = None
         self.last_refresh = float("-inf")
 
-    def __call__(self, round_: int, calls_done: int, calls_in_level: int) -> None:
+    def __call__(self, round_: int, issued: int, finished: int) -> None:
+        self.issued_by_round[round_] = self.issued_by_round.get(round_, 0) + issued
+        self.calls_known += issued
+        if not finished:
+            return
         if self.started is None:
             self.started = self.clock()
             self._start_bar()
-        if calls_done == 1:  # the first finished call of a (shard, level) reveals its size
-            self.calls_known += calls_in_level
-        self.calls_done += 1
+        self.done_by_round[round_] = self.done_by_round.get(round_, 0) + finished
+        self.calls_done += finished
         self.round = max(self.round, round_)
-        level_share = calls_done / calls_in_level if calls_in_level else 1.0
-        self.percent = max(self.percent, min(99.0, 100.0 * (round_ + level_share) / self.rounds))
+        shares = (self.done_by_round.get(r, 0) / n for r, n in self.issued_by_round.items() if n)
+        self.percent = max(self.percent, min(99.0, 100.0 * sum(shares) / self.rounds))
         now = self.clock()
         self._update_bar(now)
         if now - self.last_publish >= self.min_interval:
