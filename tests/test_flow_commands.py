@@ -137,3 +137,21 @@ def test_flows_take_typed_settings_the_ui_shows_as_a_form(prefect_harness, tmp_p
     stored = json.loads((tmp_path / "typed" / "hyper_params.json").read_text())
     assert stored["interaction_protocol"] == "solo_verifier"
     assert stored["rl"]["rollouts_per_iteration"] == 4 and stored["rl"]["learning_rate"] == 0.001
+
+
+def test_opening_a_run_freezes_the_long_lived_objects_once(tmp_path, monkeypatch):
+    """A full collection otherwise walks every object of Prefect and the libraries and stalls
+    the stage it falls into (~0.2 s); the preamble collects once and freezes them."""
+    import gc
+
+    from flows import cli
+    from nip_core.parameters import HyperParameters, apply_overrides
+
+    steps: list[str] = []
+    monkeypatch.setattr(cli, "_frozen", False)
+    monkeypatch.setattr(gc, "collect", lambda *a: steps.append("collect") or 0)
+    monkeypatch.setattr(gc, "freeze", lambda: steps.append("freeze"))
+    hp = apply_overrides(HyperParameters.construct_test_params(), SMALL)
+    for run_name in ("first", "second"):
+        with cli.open_run(hp, str(tmp_path), run_name):
+            assert steps == ["collect", "freeze"]  # before any stage runs, and only once
