@@ -2,10 +2,10 @@
 progress artifact, see `tasks.prefect_artifacts.rollout_progress`).
 
 `grow_trees` calls `progress(round, issued, 0)` when a node sends its calls of a round and
-`progress(round, 0, 1)` when one of them is answered (nodes of every round and shard interleave).
-The total number of calls is not known in advance (episodes end early), so the bar shows calls
-done out of the calls known so far, plus calls per second. The sink is updated at most `min_interval`
-apart; progress never fails a run.
+`progress(round, 0, 1)` when one of them is answered (nodes of every round and shard
+interleave). The total number of calls is not known in advance (episodes end early), so the bar
+shows calls done out of the calls known so far, plus calls per second. The sink is updated at
+most `min_interval` apart; progress never fails a run.
 """
 
 from __future__ import annotations
