@@ -155,3 +155,30 @@ def test_rpo_alpha_adds_an_sft_term_on_the_chosen_answer():
         parse_options({"type": "dpo"}, {"loss_type": "nope"})
     with pytest.raises(OptionsError, match="rpo_alpha"):
         parse_options({"type": "dpo"}, {"rpo_alpha": -1})
+
+
+def test_activation_checkpointing_is_as_asked_else_by_batch_length_on_cpu(monkeypatch):
+    from nip_core.lm_server import training
+
+    monkeypatch.setattr(training, "has_cuda", lambda: False)
+    monkeypatch.setattr(training, "batch_tokens", lambda tokenizer, rows, options: 600)
+    auto = parse_options({"type": "dpo"}, {})
+    assert auto.activation_checkpointing is None
+    assert training.checkpoints_activations(auto, None, []) is True  # 600 > 512 on CPU
+    monkeypatch.setattr(training, "batch_tokens", lambda tokenizer, rows, options: 400)
+    assert training.checkpoints_activations(auto, None, []) is False
+    for asked in (True, False):
+        options = parse_options({"type": "dpo"}, {"activation_checkpointing": asked})
+        assert training.checkpoints_activations(options, None, []) is asked
+    monkeypatch.setattr(training, "has_cuda", lambda: True)
+    monkeypatch.setattr(training, "batch_tokens", lambda tokenizer, rows, options: 10_000)
+    assert training.checkpoints_activations(auto, None, []) is False
+    with pytest.raises(OptionsError, match="activation_checkpointing"):
+        parse_options({"type": "dpo"}, {"activation_checkpointing": "no"})
+
+
+def test_dpo_jobs_compute_the_reference_log_probabilities_once():
+    from nip_core.lm_server.training import trainer_config
+
+    config = trainer_config(parse_options({"type": "dpo"}, {}), "/tmp/unused-output")
+    assert config.precompute_ref_log_probs is True

@@ -178,6 +178,9 @@ def test_self_hosted_job_carries_lora_options_and_batch_size():
     extension = request["extra_body"]["nip_training"]
     assert extension["lora_alpha"] == 32.0 and extension["lora_rank"] == 16
     assert extension["learning_rate"] == 3e-5
+    assert "activation_checkpointing" not in extension  # unset: the server decides
+    create(group(client, model_provider="SelfHosted", training_activation_checkpointing=False))
+    assert client.jobs.created[1]["extra_body"]["nip_training"]["activation_checkpointing"] is False
 
 
 def test_continued_training_starts_from_the_current_model():

@@ -73,7 +73,8 @@ vllm_tensor_parallel_size
 vllm_data_parallel_size vllm_gpu_memory_utilization vllm_max_model_len vllm_enforce_eager
 training_num_processes
 training_deepspeed_config dpo_loss_type
-dpo_rpo_alpha gradient_accumulation_steps shuffle_training_data""".split()
+dpo_rpo_alpha gradient_accumulation_steps shuffle_training_data
+training_activation_checkpointing""".split()
 
 
 def test_agent_fields_follow_the_seed_page_order_and_defaults():

@@ -77,6 +77,33 @@ def test_sft_sequence_lengths_match_the_sft_trainer(tiny_model, tmp_path):
     assert stats["max_length"] == 1024 and stats["kept"] == 4
 
 
+def test_reference_logps_computed_once_train_exactly_as_in_every_step(
+    tiny_model, tmp_path, monkeypatch
+):
+    """Precomputing the reference's log-probabilities changes the cost, not the training (LoRA
+    dropout off: the precompute pass draws from the RNG, so dropout masks would differ)."""
+    rows = parse_dataset("\n".join(json.dumps(x) for x in LINES[:4]), "dpo")
+    options = TrainingOptions(
+        method="dpo", batch_size=2, learning_rate=0.01, lora_rank=4, lora_dropout=0.0, n_epochs=2
+    )
+
+    def losses(precompute: bool) -> list[float]:
+        monkeypatch.setattr(training, "PRECOMPUTE_REFERENCE_LOGPS", precompute)
+        tokenizer = training.load_tokenizer(str(tiny_model))
+        model, peft, _ = training.load_for_training(str(tiny_model), None, options)
+        out = tmp_path / str(precompute)
+        trainer = training.build_trainer(options, model, tokenizer, rows, str(out), peft)
+        assert ("ref_chosen_logps" in trainer.train_dataset.column_names) is precompute
+        trainer.train()
+        logs = [e for e in trainer.state.log_history if "rewards/margins" in e]
+        return [e[key] for e in logs for key in ("loss", "rewards/margins")]
+
+    every_step, once = losses(False), losses(True)
+    assert len(every_step) == 8  # 2 epochs of 2 steps, a loss and a margin each
+    assert once == pytest.approx(every_step, rel=1e-4, abs=1e-6)
+    assert any(margin != 0 for margin in once[3::2])  # it trained
+
+
 def test_training_child_sends_dataset_and_dpo_step_events(tiny_model, tmp_path):
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(x) + "\n" for x in LINES))
     config = {

@@ -3,7 +3,7 @@
 The OpenAI part (`method.<type>.hyperparameters`: n_epochs, beta, batch_size,
 learning_rate_multiplier) and our extension `nip_training` (use_lora, lora_rank, lora_alpha,
 lora_dropout, stack_lora_adapters, quantization, learning_rate, seed, loss_type, rpo_alpha,
-gradient_accumulation_steps, shuffle) are merged into one frozen
+gradient_accumulation_steps, shuffle, activation_checkpointing) are merged into one frozen
 record that the training child receives as JSON. Bad values raise `OptionsError` naming the field.
 """
 
@@ -28,6 +28,7 @@ _NIP_FIELDS = (
     "rpo_alpha",
     "gradient_accumulation_steps",
     "shuffle",
+    "activation_checkpointing",
 )
 
 
@@ -62,6 +63,9 @@ class TrainingOptions:
     rpo_alpha: float = 0.0  # weight of an NLL term on the chosen answer (RPO); 0: plain DPO
     gradient_accumulation_steps: int = 1
     shuffle: bool = True  # False: train on the rows in the order given
+    # Recompute activations in the backward pass; None: the trainer decides (on CPU for long
+    # batches, `training.CPU_CHECKPOINTING_TOKENS`).
+    activation_checkpointing: bool | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -157,4 +161,11 @@ def parse_options(method: Any, nip_training: Any, seed: Any = None) -> TrainingO
             nip.get("gradient_accumulation_steps", 1), "gradient_accumulation_steps", int, 1, 4096
         ),
         shuffle=_bool(nip.get("shuffle", True), "shuffle"),
+        activation_checkpointing=_optional_bool(
+            nip.get("activation_checkpointing"), "activation_checkpointing"
+        ),
     )
+
+
+def _optional_bool(value: Any, name: str) -> bool | None:
+    return None if value is None else _bool(value, name)

@@ -177,7 +177,7 @@ class SharedModelGroup(NipMethodNames):
     def _training_extension(self) -> dict:
         """Our server's LoRA options (sent in the request body; OpenAI does not get them)."""
         p = self.params
-        return {
+        extension = {
             "use_lora": p.use_lora,
             "lora_rank": p.lora_rank,
             "lora_alpha": self.lora_alpha,
@@ -190,6 +190,9 @@ class SharedModelGroup(NipMethodNames):
             "gradient_accumulation_steps": p.gradient_accumulation_steps,
             "shuffle": p.shuffle_training_data,
         }
+        if p.training_activation_checkpointing is not None:  # unset: the fingerprint as before
+            extension["activation_checkpointing"] = p.training_activation_checkpointing
+        return extension
 
     def _api(self) -> Any:
         """The fine-tuning client, or a clear error when the group was built without one."""
