@@ -171,8 +171,7 @@ def test_activation_checkpointing_is_as_asked_else_by_batch_length_on_cpu(monkey
         options = parse_options({"type": "dpo"}, {"activation_checkpointing": asked})
         assert training.checkpoints_activations(options, None, []) is asked
     monkeypatch.setattr(training, "has_cuda", lambda: True)
-    monkeypatch.setattr(training, "batch_tokens", lambda tokenizer, rows, options: 10_000)
-    assert training.checkpoints_activations(auto, None, []) is False
+    assert training.checkpoints_activations(auto, None, []) is True  # TRL's default on a GPU
     with pytest.raises(OptionsError, match="activation_checkpointing"):
         parse_options({"type": "dpo"}, {"activation_checkpointing": "no"})
 

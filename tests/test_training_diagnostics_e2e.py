@@ -104,6 +104,17 @@ def test_reference_logps_computed_once_train_exactly_as_in_every_step(
     assert any(margin != 0 for margin in once[3::2])  # it trained
 
 
+@pytest.mark.parametrize("asked", [True, False])
+def test_the_trainer_checkpoints_activations_as_asked(tiny_model, tmp_path, asked):
+    """Said both ways: TRL's configs default to checkpointing, so "no" must be said too."""
+    rows = parse_dataset("\n".join(json.dumps(x) for x in LINES[:2]), "dpo")
+    options = TrainingOptions(method="dpo", lora_rank=4, activation_checkpointing=asked)
+    tokenizer = training.load_tokenizer(str(tiny_model))
+    model, peft, _ = training.load_for_training(str(tiny_model), None, options)
+    trainer = training.build_trainer(options, model, tokenizer, rows, str(tmp_path), peft)
+    assert trainer.args.gradient_checkpointing is asked
+
+
 def test_training_child_sends_dataset_and_dpo_step_events(tiny_model, tmp_path):
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(x) + "\n" for x in LINES))
     config = {

@@ -63,8 +63,8 @@ class TrainingOptions:
     rpo_alpha: float = 0.0  # weight of an NLL term on the chosen answer (RPO); 0: plain DPO
     gradient_accumulation_steps: int = 1
     shuffle: bool = True  # False: train on the rows in the order given
-    # Recompute activations in the backward pass; None: the trainer decides (on CPU for long
-    # batches, `training.CPU_CHECKPOINTING_TOKENS`).
+    # Recompute activations in the backward pass; None: the trainer decides (on a GPU, and on
+    # CPU for batches over `training.CPU_CHECKPOINTING_TOKENS`).
     activation_checkpointing: bool | None = None
 
     def to_dict(self) -> dict:
