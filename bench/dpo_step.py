@@ -4,9 +4,10 @@
 
 Loads the embedded SmolLM2-135M-Instruct in fp32, builds TRL's `DPOTrainer` through the same
 code the server's training child uses (`nip_core.lm_server.training`, LoRA on all linear layers,
-batch 2 pairs of ~`--tokens` tokens each), and times whole optimisation steps (reference
-log-probs, data collation and optimizer included; model loading and tokenisation excluded) between
-consecutive step-end callbacks. The baseline is a plain fp32 forward+backward (all weights
+batch 2 pairs of ~`--tokens` tokens each), and times whole optimisation steps (data collation
+and optimizer included; model loading, tokenisation and the reference's log-probabilities, which
+the trainer computes once before the first step, excluded) between consecutive step-end
+callbacks. The baseline is a plain fp32 forward+backward (all weights
 trainable) of the same 4 sequences, run between the steps so both see the same machine load; the
 ratio uses the fastest of each. The last line is `ratio dpo_step/forward_backward: <x>`.
 """
