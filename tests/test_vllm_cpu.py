@@ -263,7 +263,9 @@ def test_one_malt_iteration_served_by_vllm_on_cpu(tmp_path):
 
     # Every model call went to vLLM: its access log counts the chat requests of the rollouts
     # and of the guard, and shows the fine-tuned model's merged weights loaded in place.
-    vllm_log = (state / f"vllm-{vllm_port}.log").read_text()
+    # The flow moves vLLM to another pair of ports when vllm_port + 1 is taken.
+    (vllm_log_path,) = state.glob("vllm-*.log")
+    vllm_log = vllm_log_path.read_text()
     chats = vllm_log.count('"POST /v1/chat/completions HTTP/1.1" 200')
     journals = list(it.glob("calls-*.jsonl")) + list(it.glob("guard-calls-*.jsonl"))
     calls = sum(len(p.read_text().splitlines()) for p in journals)
