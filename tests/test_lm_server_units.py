@@ -176,8 +176,11 @@ def test_activation_checkpointing_is_as_asked_else_by_batch_length_on_cpu(monkey
         parse_options({"type": "dpo"}, {"activation_checkpointing": "no"})
 
 
-def test_dpo_jobs_compute_the_reference_log_probabilities_once():
+def test_dpo_jobs_of_several_epochs_compute_the_reference_log_probabilities_once():
     from nip_core.lm_server.training import trainer_config
 
-    config = trainer_config(parse_options({"type": "dpo"}, {}), "/tmp/unused-output")
-    assert config.precompute_ref_log_probs is True
+    def precomputes(epochs: int) -> bool:
+        method = {"type": "dpo", "dpo": {"hyperparameters": {"n_epochs": epochs}}}
+        return trainer_config(parse_options(method, {}), "/tmp/unused").precompute_ref_log_probs
+
+    assert precomputes(4) is True and precomputes(1) is False  # one epoch: once either way

@@ -103,9 +103,10 @@ def load_for_training(base_path: str, parent: dict | None, options: TrainingOpti
     return merged, lora_config(options), "stack"
 
 
-# The reference model never changes during a job, so its log-probabilities are computed once, in
-# one no-grad pass before training, instead of once per epoch inside every step: with the
-# experiments' 4 epochs that is three forwards in four saved, about a sixth of a CPU step.
+# The reference model never changes during a job, so with more than one epoch its
+# log-probabilities are computed once, in one no-grad pass before training, instead of in every
+# step of every epoch (the experiments' 4-epoch DPO jobs: 18.7 -> 10.0 s per CPU step). One
+# epoch computes them once either way, and keeps the default iteration's path and memory.
 PRECOMPUTE_REFERENCE_LOGPS = True
 
 
@@ -132,7 +133,9 @@ def trainer_config(options: TrainingOptions, output_dir: str, **overrides: Any):
     if options.method == "dpo":
         # TRL disables dropout so policy and reference agree; keep LoRA dropout when asked for.
         disable = not (options.use_lora and options.lora_dropout > 0)
-        reference = {"precompute_ref_log_probs": PRECOMPUTE_REFERENCE_LOGPS}
+        reference = {
+            "precompute_ref_log_probs": PRECOMPUTE_REFERENCE_LOGPS and options.n_epochs > 1
+        }
         losses = dpo_losses(options) | reference
         return DPOConfig(beta=options.beta, disable_dropout=disable, **losses | common | overrides)
     return SFTConfig(**common | overrides)
