@@ -4,11 +4,11 @@
 
 Loads the embedded SmolLM2-135M-Instruct in fp32, builds TRL's `DPOTrainer` through the same
 code the server's training child uses (`nip_core.lm_server.training`, LoRA on all linear layers,
-batch 2 pairs of ~`--tokens` tokens each), and times whole optimisation steps (data collation
-and optimizer included; model loading, tokenisation and the reference's log-probabilities, which
-the trainer computes once before the first step, excluded) between consecutive step-end
-callbacks. The baseline is a plain fp32 forward+backward (all weights
-trainable) of the same 4 sequences, run between the steps so both see the same machine load; the
+batch 2 pairs of ~`--tokens` tokens each, two epochs), and times whole optimisation steps
+(data collation and optimizer included; model loading, tokenisation and the reference's
+log-probabilities, which a job of several epochs computes once before the first step,
+excluded) between consecutive step-end callbacks. The baseline is a plain fp32
+forward+backward (all weights trainable) of the same 4 sequences, run between the steps so both see the same machine load; the
 ratio uses the fastest of each. The last line is `ratio dpo_step/forward_backward: <x>`.
 """
 
@@ -105,10 +105,10 @@ def measure(
 ) -> tuple[PairedClock, list[int]]:
     """Train `steps` DPO steps through the server's code path with interleaved baselines."""
     options = TrainingOptions(
-        method="dpo", batch_size=2, n_epochs=1, learning_rate=1e-5, lora_dropout=lora_dropout
+        method="dpo", batch_size=2, n_epochs=2, learning_rate=1e-5, lora_dropout=lora_dropout
     )
     tokenizer = training.load_tokenizer(model_path)
-    rows = make_pairs(2 * steps, tokenizer, tokens)
+    rows = make_pairs(steps, tokenizer, tokens)  # 2 epochs of steps / 2, as jobs of several epochs
     model, peft_config, _ = training.load_for_training(model_path, None, options)
     with tempfile.TemporaryDirectory() as out:
         trainer = training.build_trainer(options, model, tokenizer, rows, out, peft_config)
