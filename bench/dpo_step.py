@@ -8,8 +8,8 @@ batch 2 pairs of ~`--tokens` tokens each, two epochs), and times whole optimisat
 (data collation and optimizer included; model loading, tokenisation and the reference's
 log-probabilities, which a job of several epochs computes once before the first step,
 excluded) between consecutive step-end callbacks. The baseline is a plain fp32
-forward+backward (all weights trainable) of the same 4 sequences, run between the steps so both see the same machine load; the
-ratio uses the fastest of each. The last line is `ratio dpo_step/forward_backward: <x>`.
+forward+backward (all weights trainable) of the same 4 sequences, run between the steps so
+both see the same machine load; the ratio uses the fastest of each. The last line is `ratio dpo_step/forward_backward: <x>`.
 """
 
 from __future__ import annotations
