@@ -68,6 +68,7 @@ from nip_core.experiment.config import (
     experiment_overrides,
     parse_settings,
     seed_list,
+    settings_with_overrides,
     split_config,
     with_seed,
 )
@@ -111,14 +112,8 @@ def resolve_experiment(config: str | None, overrides: list[str] | None) -> Exper
         plain, own = experiment_overrides(list(overrides or []))
         settings = parse_settings(section)
         if own:
-            settable = set(ExperimentSettings.__dataclass_fields__) - {"arms"}
-            for key in own:
-                if key not in settable:
-                    raise ValueError(
-                        f"--set experiment.{key}: not a settable field ({sorted(settable)})"
-                    )
             parsed = {k: yaml.safe_load(v) for k, v in own.items()}
-            settings = parse_settings(vars(settings) | parsed)
+            settings = parse_settings(settings_with_overrides(vars(settings), parsed))
         hp = apply_overrides(HyperParameters.from_dict(data), plain)
         return Experiment(base_hyper_params(hp, settings), settings, all_arms(hp, settings))
     except (ValueError, KeyError, TypeError, OSError, yaml.YAMLError) as e:

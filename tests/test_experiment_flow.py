@@ -100,7 +100,10 @@ def test_an_invalid_arm_override_fails_before_anything_runs(tmp_path, capsys):
     [
         ("experiment.iterations=0", "experiment.iterations"),
         ("experiment.evaluation_split=train", "evaluation_split"),
-        ("experiment.arms=1", "not a settable field"),
+        ("experiment.arms=1", "experiment.arms must be a non-empty mapping"),
+        ("experiment.arms.nope=null", "no arm 'nope'"),
+        ("experiment.arms.malt=1", "experiment.arms.malt must be a mapping"),
+        ("experiment.nope=1", "not a settable field"),
         ("experiment.parallel_seeds=0", "experiment.parallel_seeds"),
     ],
 )

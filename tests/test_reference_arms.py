@@ -72,3 +72,23 @@ def test_bad_seeds_are_refused(seeds):
 
     with pytest.raises(ValueError, match="experiment.seeds"):
         parse_settings({"seeds": seeds})
+
+
+def test_arms_are_picked_added_and_dropped_from_the_command_line():
+    from nip_core.experiment.config import settings_with_overrides
+
+    section = {"iterations": 1, "arms": {"malt": {}, "shuffled_labels": {}}}
+    only_malt = settings_with_overrides(section, {"arms.shuffled_labels": None})
+    assert only_malt["arms"] == {"malt": {}} and section["arms"] == {
+        "malt": {},
+        "shuffled_labels": {},
+    }
+    added = settings_with_overrides(section, {"arms.proper": {"experiment_x": 1}, "iterations": 3})
+    assert added["arms"] == {"malt": {}, "shuffled_labels": {}, "proper": {"experiment_x": 1}}
+    assert added["iterations"] == 3
+    replaced = settings_with_overrides(section, {"arms": {"ei": {}}, "arms.malt": {}})
+    assert replaced["arms"] == {"ei": {}, "malt": {}}
+    with pytest.raises(ValueError, match="no arm 'ei'"):
+        settings_with_overrides(section, {"arms.ei": None})
+    with pytest.raises(ValueError, match="not a settable field"):
+        settings_with_overrides(section, {"iterations.x": 1})

@@ -197,6 +197,33 @@ def split_config(data: Mapping[str, object]) -> tuple[dict, object]:
     return data, data.pop("experiment", None)
 
 
+def settings_with_overrides(section: Mapping, own: Mapping[str, object]) -> dict:
+    """The `experiment:` section with `--set experiment.<field>=<value>` applied (values already
+    parsed as YAML). `arms=<mapping>` replaces every arm, `arms.<name>=<mapping>` adds or
+    replaces one and `arms.<name>=null` drops one, so a rung or a tuning run can pick its arms
+    from the command line."""
+    known = set(ExperimentSettings.__dataclass_fields__)
+    merged = dict(section)
+    arms = dict(merged.get("arms", ExperimentSettings().arms) or {})
+    for key, value in own.items():
+        field_name, dot, arm = key.partition(".")
+        if field_name == "arms" and dot:
+            if value is None:
+                if arm not in arms:
+                    raise ValueError(f"--set experiment.arms.{arm}=null: no arm {arm!r}")
+                arms.pop(arm)
+            else:
+                arms[arm] = value
+            merged["arms"] = arms
+        elif field_name in known and not dot:
+            merged[field_name] = value
+            if field_name == "arms":
+                arms = dict(value) if isinstance(value, Mapping) else value
+        else:
+            raise ValueError(f"--set experiment.{key}: not a settable field ({sorted(known)})")
+    return merged
+
+
 def experiment_overrides(overrides: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     """Split `--set` values into hyper-parameter overrides and `experiment.<field>` ones."""
     plain, own = [], {}
