@@ -200,6 +200,31 @@ def checkpoints_activations(options: TrainingOptions, tokenizer, rows: list[dict
     return has_cuda() or batch_tokens(tokenizer, rows, options) > CPU_CHECKPOINTING_TOKENS
 
 
+MMAP_THRESHOLD_ENV = "MALLOC_MMAP_THRESHOLD_"
+MMAP_THRESHOLD_BYTES = 1 << 20
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
+
+
+def return_freed_memory() -> bool:
+    """Fix glibc's mmap threshold at 1 MiB for this process, unless the environment sets it.
+
+    By default the threshold rises to the largest block freed so far (up to 32 MiB), after which
+    a training step's activations and gradients (1-5 MiB each) come from the heap, whose freed
+    pages stay resident: a one-pair DPO step of 812 tokens on CPU peaked at 2.02 GiB RSS, 1.25
+    with the threshold fixed (0.47 before the step). Mapping every big block costs page faults,
+    so only memory-bound jobs ask for it (`build_trainer`). False where there is no glibc."""
+    import ctypes
+    import os
+
+    if MMAP_THRESHOLD_ENV in os.environ:
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+
+
 def build_trainer(options, model, tokenizer, rows, output_dir, peft_config=None, callbacks=()):
     """A ready TRL trainer over the TRL-format `rows`."""
     from datasets import Dataset
@@ -211,6 +236,8 @@ def build_trainer(options, model, tokenizer, rows, output_dir, peft_config=None,
         score_only_labelled_positions()
     # Always said: TRL's configs turn checkpointing on unless told otherwise.
     overrides["gradient_checkpointing"] = checkpoints_activations(options, tokenizer, rows)
+    if overrides["gradient_checkpointing"] and not has_cuda():
+        return_freed_memory()  # the memory-bound path: the heap must not keep freed steps
     return trainer_cls(
         model=model,
         args=trainer_config(options, output_dir, **overrides),
