@@ -1,9 +1,9 @@
 """Rung (a) of docs/learning.md: can the trainer fit the label pairs it trains on?
 
-Builds the easy grade's label pairs for one training batch straight from the data (the
-solo verifier's chat, "Decision: <true>" over "Decision: <false>", one per problem, alternating
-the true verdict), trains them with the server's own training code path
-(nip_core.lm_server.training), then prints the verdict accuracy, accept rate and AUC on the
+Builds a bug grade's label pairs (`--difficulty`, easy by default) for one training batch
+straight from the data (the solo verifier's chat, "Decision: <true>" over "Decision: <false>",
+one per problem, alternating the true verdict), trains them with the server's own training code
+path (nip_core.lm_server.training), then prints the verdict accuracy, accept rate and AUC on the
 training rows and on the test split, read off P(accept) at the verdict token (no sampling).
 
     python scripts/ladder_fit.py --epochs 4 --accum 2 --lr 6e-4 --rpo 0.2 --warmup 0.1
@@ -121,6 +121,7 @@ class Log(TrainerCallback):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=6198)
+    ap.add_argument("--difficulty", default="easy", help="bug grade: easy, mixed, ...")
     ap.add_argument("--n", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=4)
     ap.add_argument("--epochs", type=int, default=1)
@@ -138,7 +139,7 @@ def main():
     ap.add_argument("--shuffle-labels", type=int, default=0)
     a = ap.parse_args()
     torch.set_num_threads(2)
-    hp = hp_for(a.seed)
+    hp = hp_for(a.seed, a.difficulty)
     batch = train_batch(hp, a.n)
     labels = [dp.y for dp, _ in batch]
     if a.shuffle_labels:
