@@ -22,6 +22,10 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # client) drops them after 5 s, and a server closing at the same 5 s (uvicorn's default) races a
 # request sent on the closing connection, which the client sees as "connection reset by peer".
 KEEP_ALIVE_SECONDS = 75
+# On SIGTERM requests still in flight get this long, then are cancelled and the engines stop (and
+# with them vLLM). uvicorn's default waits for them for ever: a flow stopped in the middle of an
+# evaluation waited 30 s for its server, SIGKILLed it, and left vLLM running, orphaned.
+GRACEFUL_SHUTDOWN_SECONDS = 5
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -195,6 +199,7 @@ def main(argv: list[str] | None = None) -> None:
         port=args.port,
         log_level="warning",
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
     )
 
 
