@@ -35,7 +35,14 @@ from nip_core.lm_server.engines.vllm import (
     vllm_command,
     vllm_env,
 )
-from nip_core.lm_server.engines.vllm.config import API_SERVER_MODULE, vllm_venv
+from nip_core.lm_server.engines.vllm import config as config_module
+from nip_core.lm_server.engines.vllm.config import (
+    API_SERVER_MODULE,
+    cpu_flags,
+    cpu_serving_dtype,
+    vllm_venv,
+)
+from nip_core.lm_server.engines.vllm.engine import serve_config
 
 FAKE_VLLM = Path(__file__).with_name("vllm_fake_server.py")
 
@@ -242,6 +249,7 @@ def test_cpu_command_line_works_around_vllm_cpu() -> None:
     config = VllmServeConfig(
         "/m", port=8123, device="cpu", enable_lora=False, served_model_name="ft:x",
         cpu_kv_cache_bytes=256 * 2**20, launcher=("/v/bin/python", "-m", API_SERVER_MODULE),
+        cpu_dtype="bfloat16",
     )  # fmt: skip
     cmd = vllm_command(config)
     assert cmd == [
@@ -283,6 +291,41 @@ def test_cpu_environment_binds_threads_and_preloads_intel_openmp(tmp_path) -> No
 )
 def test_cpu_list(cores: list[int], text: str) -> None:
     assert cpu_list(cores) == text
+
+
+def test_cpu_dtype_is_bf16_only_where_the_cpu_computes_it(tmp_path, monkeypatch) -> None:
+    avx2 = "flags\t\t: fpu sse2 avx avx2 fma\n"
+    zen4 = "processor\t: 0\nflags\t\t: avx2 avx512f avx512_bf16\n"
+    arm = "Features\t: fp asimd sve bf16\n"
+    flags = {}
+    for name, text in {"avx2": avx2, "zen4": zen4, "arm": arm}.items():
+        (tmp_path / name).write_text(text)
+        flags[name] = cpu_flags(tmp_path / name)
+    assert "avx2" in flags["avx2"] and "avx512_bf16" in flags["zen4"]
+    assert cpu_serving_dtype(flags["avx2"]) == "float32"
+    assert cpu_serving_dtype(flags["zen4"]) == "bfloat16"
+    assert cpu_serving_dtype(flags["arm"]) == "bfloat16"
+    assert cpu_flags(tmp_path / "missing") == frozenset()  # no /proc: fp32, the safe choice
+    assert cpu_serving_dtype(frozenset()) == "float32"
+    # `auto` is resolved once, from this machine's flags; the command line says it.
+    for machine, dtype in (("avx2", "float32"), ("zen4", "bfloat16")):
+        monkeypatch.setattr(config_module, "cpu_flags", lambda m=machine: flags[m])
+        config = VllmServeConfig("/m", device="cpu")
+        assert config.cpu_dtype == dtype
+        cmd = vllm_command(config)
+        assert cmd[cmd.index("--dtype") + 1] == dtype
+    assert VllmServeConfig("/m", device="cpu", cpu_dtype="float32").cpu_dtype == "float32"
+    with pytest.raises(ValueError, match="cpu_dtype"):
+        VllmServeConfig("/m", cpu_dtype="float16")
+
+
+def test_the_kv_cache_holds_as_many_tokens_in_fp32(monkeypatch) -> None:
+    """fp32 takes twice the bytes a token: the default cache doubles; an explicit size stays."""
+    for dtype, mib in (("bfloat16", 512), ("float32", 1024)):
+        config, _ = serve_config("/m", "vllm", "cpu", "merge", None, {"cpu_dtype": dtype})
+        assert config.cpu_kv_cache_bytes == mib * 2**20
+    config, _ = serve_config("/m", "vllm", "cpu", "merge", 256, {"cpu_dtype": "float32"})
+    assert config.cpu_kv_cache_bytes == 256 * 2**20
 
 
 def test_cpu_options_are_validated() -> None:

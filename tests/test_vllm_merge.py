@@ -341,6 +341,7 @@ def test_server_flags_reach_the_engine(tmp_path) -> None:
     args = _parse(
         ["--engine", "vllm", "--vllm-port", "8190", "--vllm-device", "cpu"]
         + ["--vllm-max-running", "2", "--vllm-switch", "restart", "--vllm-cpu-kv-cache-mib", "256"]
+        + ["--vllm-cpu-dtype", "float32"]
     )
     engine = VllmEngine("m", **vllm_options(args), **vllm_engine_options(args, tmp_path))
     assert (engine.lora_mode, engine.max_running, engine.config.weight_reload) == (
@@ -349,6 +350,8 @@ def test_server_flags_reach_the_engine(tmp_path) -> None:
         False,
     )
     assert engine.config.cpu_kv_cache_bytes == 256 * 2**20 and engine.config.port == 8190
+    assert engine.config.cpu_dtype == "float32"
+    assert engine.merge_command[-2:] == ["--dtype", "float32"]  # merged as it is served
     assert engine.merge_dir == tmp_path / "vllm-merged"
     assert engine.log_path == tmp_path / "vllm-8190.log"
     default = _parse(["--engine", "vllm", "--vllm-device", "cpu"])

@@ -112,7 +112,16 @@ def _add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
         "or vLLM is restarted on it",
     )
     vllm.add_argument(
-        "--vllm-cpu-kv-cache-mib", type=int, default=512, help="CPU: KV cache per vLLM process"
+        "--vllm-cpu-kv-cache-mib",
+        type=int,
+        default=None,
+        help="CPU: KV cache per vLLM process (default 512 MiB in bf16, 1,024 in fp32)",
+    )
+    vllm.add_argument(
+        "--vllm-cpu-dtype",
+        choices=("auto", "bfloat16", "float32"),
+        default="auto",
+        help="CPU: vLLM's dtype (auto: bf16 where the CPU computes it natively, else fp32)",
     )
 
 
@@ -128,6 +137,7 @@ def vllm_options(args: argparse.Namespace) -> dict:
         "max_loras": args.vllm_max_loras,
         "max_lora_rank": args.vllm_max_lora_rank,
         "enforce_eager": args.vllm_enforce_eager,
+        "cpu_dtype": args.vllm_cpu_dtype,
     }
 
 

@@ -76,10 +76,12 @@ def serve_config(
     vllm_executable: str | None,
     device: str,
     lora_mode: str,
-    cpu_kv_cache_mib: int,
+    cpu_kv_cache_mib: int | None,
     serve_options: dict[str, Any],
 ) -> tuple[VllmServeConfig, str]:
-    """The base model's launch config and the LoRA mode, `auto` values resolved."""
+    """The base model's launch config and the LoRA mode, `auto` values resolved.
+
+    `cpu_kv_cache_mib=None`: 512 MiB in bf16 and 1,024 in fp32, the same ~23k SmolLM2 tokens."""
     launcher = default_launcher() if vllm_executable is None else ()
     if device == "auto":
         device = default_device(launcher)
@@ -97,9 +99,11 @@ def serve_config(
         launcher=launcher,
         device=device,
         enable_lora=lora_mode == "runtime",
-        cpu_kv_cache_bytes=cpu_kv_cache_mib * MiB,
+        cpu_kv_cache_bytes=(cpu_kv_cache_mib or 512) * MiB,
         **options,
     )
+    if cpu_kv_cache_mib is None and config.cpu_dtype == "float32":
+        config = dataclasses.replace(config, cpu_kv_cache_bytes=1024 * MiB)
     return config, lora_mode
 
 
@@ -127,7 +131,7 @@ class VllmEngine:
         lora_mode: str = "auto",
         max_running: int = 1,
         weight_reload: bool = True,
-        cpu_kv_cache_mib: int = 512,
+        cpu_kv_cache_mib: int | None = None,
         merge_dir: str | os.PathLike[str] | None = None,
         startup_timeout: float = 1800,
         stop_grace: float | None = None,
@@ -162,6 +166,7 @@ class VllmEngine:
         self.merge_dir = Path(merge_dir) if merge_dir is not None else tmp / "nip-vllm-merged"
         # The merge child: this environment's python (peft) running `merge_lora BASE ADAPTER OUT`.
         self.merge_command = [sys.executable, "-m", "nip_core.lm_server.merge_lora"]
+        self.merge_command += ["--dtype", self.config.cpu_dtype]  # saved as it will be served
         self._adapters: dict[str, str] = {}  # loaded (or to load on start): name -> path
         self._used_names: dict[str, str] = {}  # every name ever loaded -> its path
         self._checkpoints: dict[str, str] = {}  # merge mode: served name -> checkpoint folder
