@@ -78,3 +78,71 @@ def test_sigterm_with_a_chat_in_flight_stops_the_server_and_its_vllm(tmp_path, m
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+
+
+# A server that never answers: it starts a "vLLM" in a process group of its own, records it the
+# way the vLLM engine does (a pid file in the state folder), then waits, as a server does while
+# vLLM starts.
+STUCK_SERVER = """
+import json, subprocess, sys, time
+from pathlib import Path
+from nip_core.lm_server.procs import process_start_time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                         start_new_session=True)
+record = {"pid": child.pid, "start": process_start_time(child.pid)}
+Path(sys.argv[1], "vllm-9-port9.pid").write_text(json.dumps(record))
+time.sleep(120)
+"""
+
+
+def _stuck_server(tmp_path: Path, timeout: float):
+    from nip_core.lm_server.supervise import SupervisedServer
+
+    state = tmp_path / "state"
+    state.mkdir()
+    command = [sys.executable, "-c", STUCK_SERVER, str(state)]
+    url = f"http://127.0.0.1:{free_port()}"
+    return SupervisedServer(url, command, state, timeout=timeout), state / "vllm-9-port9.pid"
+
+
+def _recorded_child(pid_file: Path) -> tuple[int, int | None]:
+    deadline = time.monotonic() + 20
+    while not pid_file.exists():
+        assert time.monotonic() < deadline, "the stuck server never started its child"
+        time.sleep(0.05)
+    time.sleep(0.2)  # the record is written in one go, but after the file is created
+    record = __import__("json").loads(pid_file.read_text())
+    return record["pid"], record["start"]
+
+
+def test_a_server_that_never_comes_up_leaves_no_vllm_behind(tmp_path):
+    server, pid_file = _stuck_server(tmp_path, timeout=4)
+    try:
+        server.start()
+        raise AssertionError("a server that never answers cannot have started")
+    except TimeoutError:
+        pass
+    pid, start = _recorded_child(pid_file)
+    assert server.process.poll() is not None
+    assert not is_alive(pid, start)  # before the fix: left running, orphaned
+
+
+def test_a_flow_interrupted_while_its_server_starts_stops_it_and_its_vllm(tmp_path, monkeypatch):
+    """Ctrl-C or Prefect's SIGTERM reach the flow while it waits for its server to answer."""
+    import nip_core.lm_server.supervise as supervise
+
+    server, pid_file = _stuck_server(tmp_path, timeout=60)
+    seen = {}
+
+    def interrupted(url, process, log_path, timeout):
+        seen["child"] = _recorded_child(pid_file)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(supervise, "wait_until_up", interrupted)
+    try:
+        server.start()
+        raise AssertionError("the interrupt must reach the caller")
+    except KeyboardInterrupt:
+        pass
+    assert server.process.poll() is not None  # the server was stopped, not left running
+    assert not is_alive(*seen["child"])

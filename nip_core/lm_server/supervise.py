@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from nip_core.lm_server.engines.vllm.process import end_stale_vllms
 from nip_core.lm_server.launch import ServerHandle, spawn_server, wait_until_up
 
 log = logging.getLogger(__name__)
@@ -66,15 +67,24 @@ class SupervisedServer(ServerHandle):
         self.state_dir.mkdir(parents=True, exist_ok=True)
         log.warning("starting the language-model server on %s (log: %s)", self.url, self.log_path)
         self.process = spawn_server(self.command, self.log_path)
-        wait_until_up(self.url, self.process, self.log_path, self.timeout)
+        try:
+            wait_until_up(self.url, self.process, self.log_path, self.timeout)
+        except BaseException:  # failed, timed out, or the flow was told to stop meanwhile
+            self.stop()
+            raise
         self._watcher = threading.Thread(target=self._watch, name="lm-server-watch", daemon=True)
         self._watcher.start()
         return self
 
     def stop(self) -> None:
+        """Stop the server, then whatever vLLM it left running: a server SIGKILLed after its
+        grace (stuck starting, or waiting on a request) cannot stop its vLLM children."""
         self._stopping.set()
         with self._lock:
             super().stop()
+        ended = end_stale_vllms(self.state_dir, grace=10)
+        if ended:
+            log.warning("ended vLLM process groups %s that the stopped server left", ended)
         if self._watcher is not None:
             self._watcher.join(timeout=35)
 

@@ -75,6 +75,20 @@ def end_stale_vllm(log_path: Path, port: int, grace: float = 30.0) -> int | None
     return pid
 
 
+def end_stale_vllms(folder: Path, grace: float = 30.0) -> list[int]:
+    """`end_stale_vllm` for every vLLM pid file in a server's state `folder`: the groups a server
+    that was killed (or interrupted while it started) left running; their pids."""
+    ended = []
+    for record in sorted(Path(folder).glob("*-port*.pid")):
+        stem, _, port = record.stem.rpartition("-port")
+        if not port.isdigit():
+            continue
+        pid = end_stale_vllm(record.with_name(f"{stem}.log"), int(port), grace)
+        if pid is not None:
+            ended.append(pid)
+    return ended
+
+
 class VllmProcess:
     """One launched vLLM server; appends to `log_path` and remembers where its output starts."""
 
