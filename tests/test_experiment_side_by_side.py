@@ -35,12 +35,26 @@ def dummy_engine(monkeypatch):
     monkeypatch.delenv(SERVER_URL_ENV, raising=False)
 
 
-def test_side_by_side_urls_skip_busy_ports(dummy_engine):
+def _port_with_the_next_one_held():
+    """A free port and a socket holding the port after it (retried: the next one may be taken by
+    another test, which made this test fail by chance)."""
     import socket
 
-    port = free_port()
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", port + 1))
+    for _ in range(50):
+        port = free_port()
+        busy = socket.socket()
+        try:
+            busy.bind(("127.0.0.1", port + 1))
+        except OSError:
+            busy.close()
+            continue
+        return port, busy
+    raise AssertionError("no free port with a free port after it")
+
+
+def test_side_by_side_urls_skip_busy_ports(dummy_engine):
+    port, busy = _port_with_the_next_one_held()
+    with busy:
         busy.listen()
         urls = lm_server.side_by_side_urls(self_hosted(port), 3)
     assert urls[0] == f"http://127.0.0.1:{port}"
