@@ -3,7 +3,8 @@ one engine relative to another.
 
     python bench/cpu_generation.py [--requests 64] [--n 1] [--max-tokens 48]
     python bench/cpu_generation.py --engines vllm,transformers [--fine-tuned]
-    python bench/cpu_generation.py --engines "vllm:--vllm-cpu-dtype float32,vllm:--vllm-cpu-dtype bfloat16"
+    python bench/cpu_generation.py \
+        --engines "vllm:--vllm-cpu-dtype float32,vllm:--vllm-cpu-dtype bfloat16"
 
 Both sides generate for the same verifier-style prompts (a HumanEval question, a solution and
 an instruction to judge it, from the shipped dataset), sampling at temperature 1 with
@@ -16,9 +17,9 @@ an instruction to judge it, from the shipped dataset), sampling at temperature 1
 The raw model is freed before the server starts, so both see the same machine. The last line is
 `ratio server/raw tokens per second: <x>` (target >= 0.8).
 
-With `--engines A,B` there is no raw baseline (an engine may carry server options after a colon,
-so one engine can be compared with itself, e.g. vLLM's CPU dtypes): each engine's server (one after the other, alone
-on the machine; vllm needs `scripts/setup_vllm.sh`) gets the same requests, after a warm-up, for
+With `--engines A,B` there is no raw baseline (an engine may carry server options after a
+colon, so one engine can be compared with itself, e.g. vLLM's CPU dtypes): each engine's server
+(one after the other, alone on the machine; vllm needs `scripts/setup_vllm.sh`) gets the same requests, after a warm-up, for
 the base model and with `--fine-tuned` also for a fine-tuned one: a non-trivial LoRA adapter
 (rank 8 on every linear layer, like the pipeline's, random weights, or `--adapter DIR`) loaded
 through `/v1/load_lora_adapter` (a PEFT adapter on transformers, merged weights on vLLM). The
@@ -186,6 +187,7 @@ def server_tokens_per_second(
         command += ["--port", str(port), "--vllm-port", str(vllm_port), "--state-dir", state]
         command += list(server_args)
         proc = subprocess.Popen(command, env=env)
+        name = " ".join([engine, *server_args])
         try:
             _wait_up(url, proc, 1800)
             models = {"base": EMBEDDED_MODEL_NAME}
@@ -204,7 +206,7 @@ def server_tokens_per_second(
                 tokens = asyncio.run(_send_all(url, chats, n, max_tokens, model))
                 seconds = time.perf_counter() - started
                 print(
-                    f"{' '.join([engine, *server_args])} server (HTTP), {label} model: {len(chats)} requests x n={n}: "
+                    f"{name} server (HTTP), {label} model: {len(chats)} requests x n={n}: "
                     f"{tokens} tokens in {seconds:.1f} s = {tokens / seconds:.1f} tokens/s",
                     flush=True,
                 )
@@ -224,16 +226,12 @@ def compare_engines(args: argparse.Namespace, chats: list[list[dict]]) -> None:
         adapter = None
         if args.fine_tuned:
             adapter = Path(args.adapter) if args.adapter else random_adapter(Path(tmp) / "ad")
+        specs = [spec.partition(":") for spec in engines]  # engine, ":", its server options
         first, second = (
             server_tokens_per_second(
-                chats,
-                args.n,
-                args.max_tokens,
-                spec.partition(":")[0],
-                adapter,
-                tuple(spec.partition(":")[2].split()),
+                chats, args.n, args.max_tokens, engine, adapter, tuple(options.split())
             )
-            for spec in engines
+            for engine, _, options in specs
         )
     ratios = ", ".join(f"{label} {first[label] / second[label]:.2f}" for label in first)
     print(f"ratio {engines[0]}/{engines[1]} tokens per second: {ratios}")

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from nip_core.lm_server.engines import ENGINE_NAMES, make_engine
+from nip_core.lm_server.engines.vllm.config import CPU_DTYPES
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # Idle keep-alive connections are closed by the client first: httpx (the OpenAI SDK, our chat
@@ -119,7 +120,7 @@ def _add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
     )
     vllm.add_argument(
         "--vllm-cpu-dtype",
-        choices=("auto", "bfloat16", "float32"),
+        choices=CPU_DTYPES,
         default="auto",
         help="CPU: vLLM's dtype (auto: bf16 where the CPU computes it natively, else fp32)",
     )
