@@ -1,6 +1,7 @@
 """Benchmark: one DPO optimisation step on CPU relative to a plain forward+backward.
 
-    python bench/dpo_step.py [--steps 8] [--tokens 100]
+    python bench/dpo_step.py [--steps 8] [--tokens 100] [--answer-words N]
+    python bench/dpo_step.py --tokens 500 --answer-words 2 --compare-shared-prompt
 
 Loads the embedded SmolLM2-135M-Instruct in fp32, builds TRL's `DPOTrainer` through the same
 code the server's training child uses (`nip_core.lm_server.training`, LoRA on all linear layers,
@@ -10,6 +11,11 @@ log-probabilities, which a job of several epochs computes once before the first 
 excluded) between consecutive step-end callbacks. The baseline is a plain fp32
 forward+backward (all weights trainable) of the same 4 sequences, run between the steps so
 both see the same machine load; the ratio uses the fastest of each. The last line is `ratio dpo_step/forward_backward: <x>`.
+
+`--compare-shared-prompt` times the same steps twice, the pair's common prompt run once
+(`nip_core.lm_server.shared_prefix`, the default) and duplicated in both rows (TRL's own
+batch), and ends with `ratio shared_prompt/duplicated_prompt: <x>` (fastest steps). With
+`--answer-words 2` the pairs look like the verifier's label pairs: a long prompt, a short answer.
 """
 
 from __future__ import annotations
@@ -53,14 +59,17 @@ def _words(count: int, offset: int) -> str:
     return " ".join(vocab[(offset + i * 7) % len(vocab)] for i in range(count))
 
 
-def make_pairs(count: int, tokenizer, tokens: int) -> list[dict]:
-    """`count` preference pairs whose prompt + answer is about `tokens` tokens long."""
+def make_pairs(count: int, tokenizer, tokens: int, answer_words: int | None = None) -> list[dict]:
+    """`count` preference pairs whose prompt + answer is about `tokens` tokens long: a prompt
+    of a third of them by default, or answers of `answer_words` words and the prompt the rest."""
     rows = []
     for i in range(count):
-        prompt = [{"role": "user", "content": _words(tokens // 3, i)}]
+        prompt_words = tokens // 3 if answer_words is None else max(1, tokens - answer_words - 40)
+        prompt = [{"role": "user", "content": _words(prompt_words, i)}]
         text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
         prompt_len = len(tokenizer(text, add_special_tokens=False)["input_ids"])
-        answer_words = max(4, tokens - prompt_len - 2)  # the end-of-turn tokens
+        if answer_words is None:
+            answer_words = max(4, tokens - prompt_len - 2)  # the end-of-turn tokens
         rows.append(
             {
                 "prompt": prompt,
@@ -101,14 +110,25 @@ def plain_forward_backward(model_path: str, sequences: list[list[int]]):
 
 
 def measure(
-    model_path: str, steps: int, tokens: int, lora_dropout: float
+    model_path: str,
+    steps: int,
+    tokens: int,
+    lora_dropout: float,
+    answer_words: int | None = None,
+    checkpointing: bool | None = None,
 ) -> tuple[PairedClock, list[int]]:
     """Train `steps` DPO steps through the server's code path with interleaved baselines."""
     options = TrainingOptions(
-        method="dpo", batch_size=2, n_epochs=2, learning_rate=1e-5, lora_dropout=lora_dropout
+        method="dpo",
+        batch_size=2,
+        n_epochs=2,
+        learning_rate=1e-5,
+        lora_dropout=lora_dropout,
+        activation_checkpointing=checkpointing,
     )
     tokenizer = training.load_tokenizer(model_path)
-    rows = make_pairs(steps, tokenizer, tokens)  # 2 epochs of steps / 2, as jobs of several epochs
+    # 2 epochs of steps / 2, as jobs of several epochs
+    rows = make_pairs(steps, tokenizer, tokens, answer_words)
     model, peft_config, _ = training.load_for_training(model_path, None, options)
     with tempfile.TemporaryDirectory() as out:
         trainer = training.build_trainer(options, model, tokenizer, rows, out, peft_config)
@@ -126,10 +146,22 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     # 0 lets TRL switch dropout off (its DPO default): no random masks, policy matches reference.
     parser.add_argument("--lora-dropout", type=float, default=0.0)
+    parser.add_argument("--answer-words", type=int, default=None)
+    parser.add_argument("--compare-shared-prompt", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    clock, lengths = measure(str(embedded_model_path()), args.steps, args.tokens, args.lora_dropout)
+    run = (
+        str(embedded_model_path()),
+        args.steps,
+        args.tokens,
+        args.lora_dropout,
+        args.answer_words,
+    )
+    if args.compare_shared_prompt:
+        compare_shared_prompt(run)
+        return
+    clock, lengths = measure(*run)
     mean_step = statistics.mean(clock.steps)
     step, plain = statistics.median(clock.steps), statistics.median(clock.plain)
     best_step, best_plain = min(clock.steps), min(clock.plain)
@@ -140,6 +172,21 @@ def main() -> None:
     print(f"median ratio (sensitive to other load on the machine): {step / plain:.2f}")
     # Minima, as timeit recommends: on a shared machine the fastest run is the least disturbed.
     print(f"ratio dpo_step/forward_backward: {best_step / best_plain:.2f}")
+
+
+def compare_shared_prompt(run: tuple) -> None:
+    """The same steps with the pair's prompt duplicated (TRL's batch), then run once."""
+    fastest = {}
+    for shared in (False, True):
+        training.SHARE_PAIR_PROMPTS = shared
+        # The prompt is shared only without activation checkpointing (which runs without a
+        # cache), as the experiment configs train (`training_activation_checkpointing: false`).
+        clock, lengths = measure(*run, checkpointing=False)
+        name = "shared" if shared else "duplicated"
+        fastest[name] = min(clock.steps)
+        steps = " ".join(f"{t:.2f}" for t in clock.steps)
+        print(f"{name} prompt: sequence lengths {lengths}; dpo steps (s): {steps}")
+    print(f"ratio shared_prompt/duplicated_prompt: {fastest['shared'] / fastest['duplicated']:.2f}")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from nip_core.lm_server.options import OptionsError, TrainingOptions
+from nip_core.lm_server.shared_prefix import share_pair_prefixes, transformer_backbone
 
 
 def has_cuda() -> bool:
@@ -225,6 +226,11 @@ def return_freed_memory() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
 
 
+# A DPO batch's common prompt runs through the model once (`shared_prefix`); off only to
+# measure what it saves (`bench/dpo_step.py --compare-shared-prompt`).
+SHARE_PAIR_PROMPTS = True
+
+
 def build_trainer(options, model, tokenizer, rows, output_dir, peft_config=None, callbacks=()):
     """A ready TRL trainer over the TRL-format `rows`."""
     from datasets import Dataset
@@ -238,6 +244,9 @@ def build_trainer(options, model, tokenizer, rows, output_dir, peft_config=None,
     overrides["gradient_checkpointing"] = checkpoints_activations(options, tokenizer, rows)
     if overrides["gradient_checkpointing"] and not has_cuda():
         return_freed_memory()  # the memory-bound path: the heap must not keep freed steps
+    if options.method == "dpo" and SHARE_PAIR_PROMPTS:
+        # Before the trainer is built: it computes the reference's log-probabilities there.
+        share_pair_prefixes(transformer_backbone(model))
     return trainer_cls(
         model=model,
         args=trainer_config(options, output_dir, **overrides),

@@ -1,0 +1,160 @@
+"""A DPO batch's shared prompt, run once, gives the same log-probs and gradients as run twice.
+
+`shared_prefix.share_pair_prefixes` patches the backbone under TRL's fused LM head; these
+tests compare it with the unpatched model on a tiny random Llama with a LoRA adapter: right
+padding, pairs whose prompts differ in length, and calls it must leave alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from nip_core.lm_server import shared_prefix, training
+from nip_core.lm_server.options import TrainingOptions
+from tests.tiny_model import build_tiny_model
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+def _lora_model(path):
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+    from trl.trainer.utils import add_fused_lm_head
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    add_fused_lm_head(model)
+    options = TrainingOptions(method="dpo", lora_rank=4, lora_dropout=0.0)
+    model = get_peft_model(model, training.lora_config(options))
+    for name, param in model.named_parameters():  # LoRA B starts at zero: give it a value
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.05)
+    return model.train()
+
+
+def _pair_batch():
+    """Two pairs, [chosen 0, chosen 1, rejected 0, rejected 1], right-padded: prompts of 20
+    and 23 tokens, answers of 3-5 tokens."""
+    generator = torch.Generator().manual_seed(1)
+    rows, prompts = [], []
+    for prompt_len in (20, 23):
+        prompts.append(torch.randint(5, 500, (prompt_len,), generator=generator))
+    answers = [torch.randint(5, 500, (n,), generator=generator) for n in (3, 5, 4, 3)]
+    rows = [torch.cat([prompts[i % 2], answers[i]]) for i in range(4)]
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(4, width, dtype=torch.long)
+    mask = torch.zeros(4, width, dtype=torch.long)
+    completion = torch.zeros(4, width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+        mask[i, : len(row)] = 1
+        completion[i, len(prompts[i % 2]) : len(row)] = 1
+    labels = ids.masked_fill(completion == 0, -100)
+    return ids, mask, labels
+
+
+def _log_probs_and_lora_grads(model, ids, mask, labels):
+    model.zero_grad()
+    out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+    out.log_probs.sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out.log_probs.detach(), grads
+
+
+def test_shared_prefix_length_counts_real_common_tokens():
+    ids = torch.tensor([[1, 2, 3, 4, 5], [1, 2, 3, 9, 9], [1, 2, 3, 4, 6], [1, 2, 7, 9, 9]])
+    shared_prefix_length = shared_prefix.shared_prefix_length
+    assert shared_prefix_length(ids, None) == 2  # rows 0/2 share 4, rows 1/3 share 2
+    mask = torch.ones_like(ids)
+    mask[0, 3:] = 0  # padding never counts as shared
+    assert shared_prefix_length(ids, mask) == 2
+    assert shared_prefix_length(ids[:3], None) == 0  # not two halves
+    same = torch.tensor([[1, 2, 3], [1, 2, 3]])
+    assert shared_prefix_length(same, None) == 2  # one position left for the second call
+
+
+def test_sharing_the_prompt_gives_the_same_log_probs_and_gradients(tiny_model_dir, monkeypatch):
+    monkeypatch.setattr(shared_prefix, "MIN_SHARED_TOKENS", 4)
+    ids, mask, labels = _pair_batch()
+    model = _lora_model(tiny_model_dir)
+    expected, expected_grads = _log_probs_and_lora_grads(model, ids, mask, labels)
+
+    backbone = shared_prefix.transformer_backbone(model)
+    calls = []
+    original = backbone.forward
+    backbone.forward = lambda **kw: calls.append(kw["input_ids"].shape) or original(**kw)
+    assert shared_prefix.share_pair_prefixes(backbone)
+    assert not shared_prefix.share_pair_prefixes(backbone)  # patched once
+    shared, grads = _log_probs_and_lora_grads(model, ids, mask, labels)
+
+    assert calls == [(2, 20), (4, ids.shape[1] - 20)]  # the prompt once, then the rest
+    assert torch.allclose(shared, expected, atol=1e-5)
+    assert (shared != 0).sum() == (labels[:, 1:] != -100).sum()
+    assert expected_grads.keys() == grads.keys() and any("lora_A" in n for n in grads)
+    for name, grad in expected_grads.items():
+        assert torch.allclose(grads[name], grad, atol=1e-5, rtol=1e-4), name
+
+
+def test_other_calls_go_through_unchanged(tiny_model_dir):
+    model = _lora_model(tiny_model_dir)
+    backbone = shared_prefix.transformer_backbone(model)
+    calls = []
+    original = backbone.forward
+    backbone.forward = lambda **kw: calls.append(kw["input_ids"].shape) or original(**kw)
+    shared_prefix.share_pair_prefixes(backbone)
+    ids, mask, labels = _pair_batch()
+    model(input_ids=ids[:3], attention_mask=mask[:3], labels=labels[:3], fused_lm_head=True)
+    assert calls == [ids[:3].shape]  # an odd batch is not pairs
+    with torch.no_grad():
+        model.generate(input_ids=ids[:1, :8], max_new_tokens=2, do_sample=False)
+    assert all(shape[0] == 1 for shape in calls[1:])  # generation keeps its own cache
+
+
+def _train_log(tiny_model_dir, tmp_path, share: bool, monkeypatch) -> tuple[list[dict], int]:
+    monkeypatch.setattr(training, "SHARE_PAIR_PROMPTS", share)
+    shared_calls = []
+    run_shared = shared_prefix._forward_sharing_prefix
+    monkeypatch.setattr(
+        shared_prefix,
+        "_forward_sharing_prefix",
+        lambda *args: shared_calls.append(args[3]) or run_shared(*args),
+    )
+    torch.manual_seed(0)
+    options = TrainingOptions(
+        method="dpo", batch_size=1, n_epochs=2, learning_rate=1e-3, lora_dropout=0.0
+    )
+    tokenizer = training.load_tokenizer(str(tiny_model_dir))
+    model, peft_config, _ = training.load_for_training(str(tiny_model_dir), None, options)
+    question = "Is this function correct? def add(a, b): return a - b  # adds two numbers"
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"{question} (case {i})"}],
+            "chosen": [{"role": "assistant", "content": "Decision: reject"}],
+            "rejected": [{"role": "assistant", "content": "Decision: accept"}],
+        }
+        for i in range(2)
+    ]
+    trainer = training.build_trainer(
+        options, model, tokenizer, rows, str(tmp_path / str(share)), peft_config
+    )
+    backbone = shared_prefix.transformer_backbone(trainer.model)
+    assert getattr(backbone.forward, "shares_pair_prefixes", False) is share
+    trainer.train()
+    return [entry for entry in trainer.state.log_history if "loss" in entry], len(shared_calls)
+
+
+def test_dpo_trainer_trains_the_same_with_the_prompt_shared(tiny_model_dir, tmp_path, monkeypatch):
+    """TRL's whole step (precomputed reference, loss, margins) matches the duplicated batch."""
+    unshared, unshared_calls = _train_log(tiny_model_dir, tmp_path, False, monkeypatch)
+    shared, shared_calls = _train_log(tiny_model_dir, tmp_path, True, monkeypatch)
+    assert unshared_calls == 0
+    assert shared_calls == 2 + 4  # the reference's pass over both pairs, then 4 steps
+    assert len(shared) == len(unshared) == 4
+    for ours, theirs in zip(shared, unshared, strict=True):
+        for key in ("loss", "rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected"):
+            assert ours[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-5), key
