@@ -65,6 +65,7 @@ def test_only_the_memory_bound_cpu_path_asks(monkeypatch, checkpointing, cuda, a
     monkeypatch.setattr(training, "has_cuda", lambda: cuda)
     monkeypatch.setattr(training, "score_only_labelled_positions", lambda: None)
     monkeypatch.setattr(training, "trainer_config", lambda *a, **k: None)
+    monkeypatch.setattr(training, "SHARE_PAIR_PROMPTS", False)  # no model here to patch
     import trl
 
     monkeypatch.setattr(trl, "DPOTrainer", lambda **k: "trainer")
