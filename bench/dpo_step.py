@@ -64,17 +64,19 @@ def make_pairs(count: int, tokenizer, tokens: int, answer_words: int | None = No
     of a third of them by default, or answers of `answer_words` words and the prompt the rest."""
     rows = []
     for i in range(count):
+        # ~40 tokens of the chat template's system prompt and turn markers around the words
         prompt_words = tokens // 3 if answer_words is None else max(1, tokens - answer_words - 40)
         prompt = [{"role": "user", "content": _words(prompt_words, i)}]
         text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
         prompt_len = len(tokenizer(text, add_special_tokens=False)["input_ids"])
-        if answer_words is None:
-            answer_words = max(4, tokens - prompt_len - 2)  # the end-of-turn tokens
+        words = answer_words
+        if words is None:  # per pair, from its own prompt's length
+            words = max(4, tokens - prompt_len - 2)  # the end-of-turn tokens
         rows.append(
             {
                 "prompt": prompt,
-                "chosen": [{"role": "assistant", "content": _words(answer_words, i + 1)}],
-                "rejected": [{"role": "assistant", "content": _words(answer_words, i + 2)}],
+                "chosen": [{"role": "assistant", "content": _words(words, i + 1)}],
+                "rejected": [{"role": "assistant", "content": _words(words, i + 2)}],
             }
         )
     return rows
