@@ -59,7 +59,8 @@ def _forward_sharing_prefix(original, input_ids, attention_mask, shared: int, kw
 
     half = input_ids.shape[0] // 2
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
-    kwargs = {k: v for k, v in kwargs.items() if k != "use_cache"}
+    # Given here for each call; `_can_share` let through only None for the cache keys.
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("use_cache", "cache", "past_key_values")}
     prefix = original(
         input_ids=input_ids[:half, :shared],
         attention_mask=mask[:half, :shared],
