@@ -7,6 +7,8 @@ padding, pairs whose prompts differ in length, and calls it must leave alone.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from nip_core.lm_server import shared_prefix, training
@@ -113,6 +115,62 @@ def test_other_calls_go_through_unchanged(tiny_model_dir):
     with torch.no_grad():
         model.generate(input_ids=ids[:1, :8], max_new_tokens=2, do_sample=False)
     assert all(shape[0] == 1 for shape in calls[1:])  # generation keeps its own cache
+
+
+class _Cache:
+    """Only the length a backbone's cache reports."""
+
+    def __init__(self, length: int):
+        self.length = length
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def reorder_cache(self, rows) -> None:
+        pass
+
+
+class _TakesNoCache(torch.nn.Module):
+    """A backbone whose forward names neither `cache` nor `past_key_values`; records each call."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(500, 8)
+        self.calls = []
+
+    def forward(self, input_ids=None, attention_mask=None, use_cache=None, **kwargs):
+        from transformers.modeling_outputs import BaseModelOutputWithPast
+
+        self.calls.append(tuple(input_ids.shape))
+        cache = _Cache(input_ids.shape[1]) if use_cache else None
+        hidden = self.embed(input_ids).cumsum(dim=1)
+        return BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=cache)
+
+
+class _IgnoresItsCache(_TakesNoCache):
+    """Declares `past_key_values` and returns a prompt's cache, but never attends with it."""
+
+    def forward(self, input_ids=None, attention_mask=None, past_key_values=None, **kwargs):
+        return super().forward(input_ids, attention_mask, **kwargs)
+
+
+@pytest.mark.parametrize("backbone_type", [_TakesNoCache, _IgnoresItsCache])
+def test_a_backbone_that_cannot_share_runs_the_plain_call_and_warns_once(backbone_type, caplog):
+    torch.manual_seed(0)
+    backbone = backbone_type()
+    ids, mask, _ = _pair_batch()
+    expected = backbone(input_ids=ids, attention_mask=mask).last_hidden_state
+    backbone.calls.clear()
+    with caplog.at_level(logging.WARNING, logger=shared_prefix.__name__):
+        assert shared_prefix.share_pair_prefixes(backbone)
+        outputs = [backbone(input_ids=ids, attention_mask=mask).last_hidden_state for _ in "ab"]
+
+    for output in outputs:
+        assert torch.equal(output, expected)
+    tried = [(2, 20), (4, ids.shape[1] - 20)] if backbone_type is _IgnoresItsCache else []
+    assert backbone.calls == tried + [tuple(ids.shape)] * 2  # tried at most once
+    warnings = [r for r in caplog.records if r.name == shared_prefix.__name__]
+    assert len(warnings) == 1 and "prompt twice" in warnings[0].getMessage()
 
 
 def _train_log(tiny_model_dir, tmp_path, share: bool, monkeypatch) -> tuple[list[dict], int]:

@@ -14,10 +14,14 @@ TRL's fused LM head, so TRL's loss, metrics and reference log-probabilities are 
 from __future__ import annotations
 
 import functools
+import inspect
+import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch is imported where it is used, so importing `training` stays cheap
     import torch
+
+log = logging.getLogger(__name__)
 
 # A shorter common prefix is not worth a second backbone call.
 MIN_SHARED_TOKENS = 16
@@ -53,8 +57,20 @@ def _can_share(backbone: torch.nn.Module, input_ids, kwargs: dict[str, Any]) -> 
     return not (getattr(backbone, "gradient_checkpointing", False) and backbone.training)
 
 
-def _forward_sharing_prefix(original, input_ids, attention_mask, shared: int, kwargs):
-    """The backbone's output for the whole batch, its first `shared` positions run once."""
+def cache_keyword(backbone: torch.nn.Module) -> str | None:
+    """The keyword the backbone's `forward` takes its KV cache under, read from its signature:
+    transformers renamed `past_key_values` to `cache` (5.0 and 5.17 take the old name, 5.24 the
+    new one), and a name it does not declare falls silently into `**kwargs`."""
+    try:
+        parameters = inspect.signature(type(backbone).forward).parameters
+    except (TypeError, ValueError):
+        return None
+    return next((name for name in ("cache", "past_key_values") if name in parameters), None)
+
+
+def _forward_sharing_prefix(original, input_ids, attention_mask, shared: int, kwargs, keyword):
+    """The backbone's output for the whole batch, its first `shared` positions run once; None
+    where the second call did not extend the prompt's cache (it ran without the prompt)."""
     import torch
 
     half = input_ids.shape[0] // 2
@@ -67,16 +83,21 @@ def _forward_sharing_prefix(original, input_ids, attention_mask, shared: int, kw
         use_cache=True,
         **kwargs,
     )
-    cache = prefix.cache if hasattr(prefix, "cache") else prefix.past_key_values
+    cache = prefix.cache if hasattr(prefix, "cache") else getattr(prefix, "past_key_values", None)
+    if cache is None or cache.get_seq_length() != shared:
+        return None
     both_halves = torch.arange(half, device=input_ids.device).repeat(2)
     cache.reorder_cache(both_halves)
     rest = original(
         input_ids=input_ids[:, shared:],
         attention_mask=mask,
-        cache=cache,
         use_cache=False,
+        **{keyword: cache},
         **kwargs,
     )
+    # Each layer appends the answers' keys to the cache it attends with.
+    if cache.get_seq_length() != input_ids.shape[1]:
+        return None
     hidden = torch.cat([prefix.last_hidden_state.repeat(2, 1, 1), rest.last_hidden_state], dim=1)
     return type(rest)(last_hidden_state=hidden)
 
@@ -84,17 +105,37 @@ def _forward_sharing_prefix(original, input_ids, attention_mask, shared: int, kw
 def share_pair_prefixes(backbone: torch.nn.Module) -> bool:
     """Patch `backbone` (the transformer under the LM head) so that a batch whose halves share
     a prompt runs it once. Other calls go through unchanged. Returns False where it already is.
+    A backbone that cannot take the prompt's cache runs every batch unshared (one warning):
+    slower, never different.
     """
     if getattr(backbone.forward, "shares_pair_prefixes", False):
         return False
     original = backbone.forward
+    keyword = cache_keyword(backbone)
+
+    def unshared(reason: str) -> None:
+        nonlocal keyword
+        keyword = None
+        log.warning(
+            "%s: %s; DPO pairs run their prompt twice from now on",
+            type(backbone).__name__,
+            reason,
+        )
+
+    if keyword is None:
+        unshared("its forward takes neither `cache` nor `past_key_values`")
 
     @functools.wraps(original)
     def forward(input_ids=None, attention_mask=None, **kwargs):
-        if _can_share(backbone, input_ids, kwargs):
+        if keyword is not None and _can_share(backbone, input_ids, kwargs):
             shared = shared_prefix_length(input_ids, attention_mask)
             if shared >= MIN_SHARED_TOKENS:
-                return _forward_sharing_prefix(original, input_ids, attention_mask, shared, kwargs)
+                output = _forward_sharing_prefix(
+                    original, input_ids, attention_mask, shared, kwargs, keyword
+                )
+                if output is not None:
+                    return output
+                unshared(f"its forward did not use the prompt's cache passed as `{keyword}`")
         return original(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
 
     forward.shares_pair_prefixes = True  # type: ignore[attr-defined]
