@@ -141,10 +141,11 @@ def evaluate_iteration(
 def run_arm(
     paths: RunPaths, hp: HyperParameters, arm: str, settings: ExperimentSettings, use_wandb: bool
 ) -> None:
-    """N iterations of one arm, each followed by an evaluation of the models it switched to."""
+    """The arm's iterations (`rl.num_iterations`: the experiment's, unless the arm sets fewer),
+    each followed by an evaluation of the models it switched to."""
     tracker = open_tracker(paths, hp, arm, use_wandb)
     try:
-        for iteration in range(settings.iterations):
+        for iteration in range(hp.rl.num_iterations):
             context = build_context(hp, arm, iteration, models_after(paths, iteration))
             started = time.monotonic()
             iteration_subflow(paths, context)
@@ -157,6 +158,7 @@ def run_arm(
 def run_seed(spec: Experiment, seed: int, experiment_root: str, use_wandb: bool) -> SeedResult:
     """The base evaluation and every arm for one seed; (experiment rows, training, timings)."""
     split, iterations = spec.settings.evaluation_split, spec.settings.iterations
+    arm_iterations = {arm: hp.rl.num_iterations for arm, hp in spec.arms.items()}
     seed_root = f"{experiment_root}/seeds/{seed}"
     base, arms_root = with_seed(spec.base, seed), f"{seed_root}/arms"
     arm_paths = {}
@@ -172,7 +174,7 @@ def run_seed(spec: Experiment, seed: int, experiment_root: str, use_wandb: bool)
     frames = [base_rows, reference_arm_rows(base, base_rows, split)] + [
         evaluation_rows(paths, arm, it, split, seed)
         for arm, paths in arm_paths.items()
-        for it in range(1, iterations + 1)
+        for it in range(1, arm_iterations[arm] + 1)
     ]
     training = training_table(arm_paths, seed, iterations)
     return pd.concat(frames, ignore_index=True), training, timings_table(arm_paths, seed)

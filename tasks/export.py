@@ -6,8 +6,6 @@ MALT iterations export DPO pairs; expert-iteration iterations (`pure_text_ei`, o
 
 from __future__ import annotations
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from prefect import task
 
 from nip_core.malt import dataset_export as export
@@ -22,6 +20,7 @@ from nip_core.run.iteration_files import (
     dataset_file,
 )
 from nip_core.run.stages import run_stage
+from nip_core.seeding import stable_int
 
 
 def export_datasets(paths: RunPaths, context: IterationContext) -> dict:
@@ -49,15 +48,21 @@ def export_datasets(paths: RunPaths, context: IterationContext) -> dict:
                     hp.text_rl,
                     hp.seed,
                 )
+                if hp.pure_text_malt.balance_verifier_by_label:
+                    rows = export.balance_verifier_rollouts(
+                        rows,
+                        context.protocol.verifier_name,
+                        {item.datapoint.id: item.datapoint.y for item in items.values()},
+                        stable_int("sft-balance", hp.seed, it),
+                    )
                 if not context.agent_params[agents[0]].shuffle_training_data:
                     rows = export.alternate_verdicts(rows, "messages")
                 table, jsonl = export.sft_table(rows), export.sft_openai_jsonl(rows)
             else:
                 kind = "dpo"
-                group_pairs = pairs.filter(pc.is_in(pairs.column("agent"), pa.array(list(agents))))
-                rows = export.dpo_rows(nodes, group_pairs, ctx)
-                if context.protocol.verifier_name in agents:
-                    rows += export.guess_replaced_pairs(nodes, ctx, hp.text_rl, hp.seed)
+                rows = export.verifier_signal_rows(
+                    nodes, pairs, ctx, agents, hp.pure_text_malt, hp.text_rl, hp.seed
+                )
                 if not context.agent_params[agents[0]].shuffle_training_data:
                     rows = export.alternate_verdicts(rows, "chosen")
                 table, jsonl = export.dpo_table(rows), export.dpo_openai_jsonl(rows)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prefect import task
 
-from nip_core.malt.tree_values import pairs_table
+from nip_core.malt.tree_values import balance_pairs_by_label, pairs_table
 from nip_core.run.artifacts import RunPaths, read_parquet, write_parquet
 from nip_core.run.iteration_context import IterationContext
 from nip_core.run.iteration_files import NODES_FILE, PAIRS_FILE, REWARDS_FILE
@@ -29,6 +29,13 @@ def run_pair_selection(paths: RunPaths, context: IterationContext) -> dict:
             seed=stable_int("pairs", context.hyper_params.seed, context.iteration),
             pairs_per_parent=malt.pairs_per_parent,
         )
+        if malt.balance_verifier_by_label:
+            table = balance_pairs_by_label(
+                table,
+                nodes,
+                context.protocol.verifier_name,
+                seed=stable_int("pair-balance", context.hyper_params.seed, context.iteration),
+            )
         path = paths.iteration_file(context.iteration, PAIRS_FILE)
         return {PAIRS_FILE: write_parquet(paths.fs, path, table)}, {"pairs": table.num_rows}
 

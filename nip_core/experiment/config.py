@@ -8,8 +8,8 @@
       seeds: 5                        # or a list [6198, 11]; a count counts up from `seed`
       parallel_seeds: 2               # seeds side by side, a server each (null: 4 where a
                                       #   CUDA GPU serves them, else 1)
-      arms:                           # name -> dotted overrides; malt, ei and shuffled_labels
-        malt: {}                      #   are built in
+      arms:                           # name -> dotted overrides; malt, label_pairs, ei and
+        malt: {}                      #   shuffled_labels are built in
         ei: {}
         shuffled_labels: {}
         malt_all_pairs: {pure_text_malt.pairs_per_parent: all}
@@ -51,15 +51,35 @@ class ExperimentSettings:
 
 
 def builtin_overrides(arm: str, iterations: int, hp: HyperParameters) -> dict[str, object]:
-    """What the arm names `malt` and `ei` mean (applied before the config's own overrides)."""
+    """What the built-in arm names mean (applied before the config's own overrides), each named
+    by the signal the verifier trains on:
+
+    - `malt`: MALT as nip defines it, DPO on the verifier's own sampled sibling replies only; no
+      label answer is ever written into a training row.
+    - `label_pairs`: ours, DPO on "Decision: <true>" over "Decision: <false>" (supervised
+      learning with the labels written into the answers; the config's share, else all chats).
+    - `shuffled_labels`: the `malt` arm on the train split with its labels permuted.
+    - `ei`: expert iteration in every iteration (SFT on the rewarded rollouts, with the config's
+      guess replacement).
+    """
+    malt = {
+        "trainer": "pure_text_malt",
+        "pure_text_malt.num_initial_ei_iterations": 0,
+        "pure_text_malt.verifier_training_signal": "sampled_pairs",
+        "text_rl.verifier_guess_replacement_proportion": 0.0,
+    }
     if arm == "malt":
-        return {"trainer": "pure_text_malt", "pure_text_malt.num_initial_ei_iterations": 0}
-    if arm == "shuffled_labels":
+        return malt
+    if arm == "label_pairs":
+        share = hp.text_rl.verifier_guess_replacement_proportion
         return {
             "trainer": "pure_text_malt",
             "pure_text_malt.num_initial_ei_iterations": 0,
-            "text_rl.shuffle_training_labels": True,
+            "pure_text_malt.verifier_training_signal": "label_pairs",
+            "text_rl.verifier_guess_replacement_proportion": share if share > 0 else 1.0,
         }
+    if arm == "shuffled_labels":
+        return {**malt, "text_rl.shuffle_training_labels": True}
     if arm == "ei":
         return {
             "trainer": "pure_text_malt",
@@ -176,9 +196,15 @@ def arm_hyper_params(
         | dict(settings.arms[arm] or {})
     )
     try:
-        return apply_overrides(hp, _as_override_strings(overrides))
+        arm_hp = apply_overrides(hp, _as_override_strings(overrides))
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"experiment arm {arm!r}: {e}") from e
+    if arm_hp.rl.num_iterations > settings.iterations:
+        raise ValueError(
+            f"experiment arm {arm!r}: rl.num_iterations={arm_hp.rl.num_iterations} is more than "
+            f"experiment.iterations={settings.iterations} (an arm may run fewer, not more)"
+        )
+    return arm_hp
 
 
 def base_hyper_params(hp: HyperParameters, settings: ExperimentSettings) -> HyperParameters:

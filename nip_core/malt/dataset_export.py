@@ -13,13 +13,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from nip_core.agents import chat_messages, training_conversation
 from nip_core.agents.prompts import verdict_text
 from nip_core.episode import ACCEPT, REJECT
 from nip_core.malt import schemas
 from nip_core.malt.rollout_tree import BatchItem, history, turns_by_node
-from nip_core.malt.tree_values import parent_indices
+from nip_core.malt.tree_values import label_balanced_mask, parent_indices
 from nip_core.model_api.chat_format import fold_speaker_names, openai_messages
 from nip_core.protocols import Protocol
 from nip_core.seeding import stable_int
@@ -84,6 +85,30 @@ def dpo_rows(nodes: pa.Table, pairs: pa.Table, context: ExportContext) -> list[d
                 "guess_replaced": False,
             }
         )
+    return rows
+
+
+def verifier_signal_rows(
+    nodes: pa.Table,
+    pairs: pa.Table,
+    context: ExportContext,
+    agents: Sequence[str],
+    malt,
+    text_rl,
+    run_seed: int,
+) -> list[dict]:
+    """A MALT group's DPO rows: every agent's sampled sibling pairs, except that the verifier's
+    rows are what `malt.verifier_training_signal` names (its sampled pairs, label pairs, or
+    both)."""
+    verifier = context.protocol.verifier_name
+    members = [a for a in agents if a != verifier or malt.trains_on_sampled_verifier_pairs]
+    rows = dpo_rows(
+        nodes,
+        pairs.filter(pc.is_in(pairs.column("agent"), pa.array(members, pa.string()))),
+        context,
+    )
+    if verifier in agents and malt.trains_on_label_pairs:
+        rows += guess_replaced_pairs(nodes, context, text_rl, run_seed)
     return rows
 
 
@@ -302,6 +327,17 @@ def sft_rows(
                 }
             )
     return rows
+
+
+def balance_verifier_rollouts(
+    rows: Sequence[dict], verifier: str, y_of: Mapping[int, int], seed: int
+) -> list[dict]:
+    """SFT rows with the verifier's selected rollouts (not its guess-replaced ones) cut to as
+    many on correct code as on buggy code (`tree_values.label_balanced_mask`); the rest kept."""
+    selected = np.array([r["agent"] == verifier and not r["guess_replaced"] for r in rows], bool)
+    y = np.array([y_of[r["datapoint_id"]] for r in rows], dtype=int)
+    keep = label_balanced_mask(selected, y, seed)
+    return [row for row, kept in zip(rows, keep, strict=True) if kept]
 
 
 def last_replies(

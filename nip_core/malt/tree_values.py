@@ -137,3 +137,35 @@ def pairs_table(
         },
         schema=schemas.PAIRS,
     )
+
+
+def balance_pairs_by_label(pairs: pa.Table, nodes: pa.Table, agent: str, seed: int) -> pa.Table:
+    """`pairs` with `agent`'s pairs cut to as many from problems whose code is correct (y = 1)
+    as from problems whose code is buggy (y = 0): a seeded draw keeps that many of the larger
+    side. Other agents' pairs and the table's order are kept.
+
+    A verifier that mostly accepts gives many "accept on correct code" pairs and few "reject on
+    buggy code" ones; DPO on that imbalance moves the verdict's bias rather than the judgement.
+    """
+    y_of = dict(
+        zip(
+            nodes.column("node_id").to_pylist(),
+            nodes.column("y").to_pylist(),
+            strict=True,
+        )
+    )
+    is_agent = np.asarray(pairs.column("agent").to_pylist(), dtype=object) == agent
+    y = np.array([y_of[node] for node in pairs.column("parent_node_id").to_pylist()], dtype=int)
+    return pairs.filter(pa.array(label_balanced_mask(is_agent, y, seed)))
+
+
+def label_balanced_mask(selected: np.ndarray, y: np.ndarray, seed: int) -> np.ndarray:
+    """bool mask over rows: every row outside `selected`, and of the selected ones as many with
+    y = 1 as with y = 0 (all of the smaller side, a seeded draw of the larger)."""
+    rng = np.random.default_rng(seed)
+    by_label = [np.flatnonzero(selected & (y == label)) for label in (0, 1)]
+    each = min(len(rows) for rows in by_label)
+    keep = ~selected
+    for rows in by_label:
+        keep[rng.permutation(rows)[:each]] = True
+    return keep

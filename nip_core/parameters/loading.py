@@ -43,6 +43,7 @@ from nip_core.parameters.typing_utils import (
     matches,
     union_members,
 )
+from nip_core.parameters.validation import check_training_signal, setting_several_fields
 
 _YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -125,12 +126,14 @@ def apply_overrides(params: HyperParameters, overrides: Sequence[str]) -> HyperP
     """A new `HyperParameters` with each `"dotted.key=value"` applied in order."""
     if isinstance(overrides, str):
         raise ValueError("overrides must be a sequence of 'key=value' strings, not one string")
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ValueError(f"override {item!r}: expected 'dotted.key=value'")
-        params = _override(params, key.split("."), raw.strip(), key)
+    with setting_several_fields():
+        for item in overrides:
+            key, sep, raw = item.partition("=")
+            key = key.strip()
+            if not sep or not key:
+                raise ValueError(f"override {item!r}: expected 'dotted.key=value'")
+            params = _override(params, key.split("."), raw.strip(), key)
+    check_training_signal(params)
     return params
 
 

@@ -91,6 +91,18 @@ class PureTextMaltParameters(BaseParameters):
     `pairs_per_parent` is ours too: "one" (nip) picks at most one pair per (parent, agent);
     "all" takes every sibling pair the method's rule accepts, each once, for more training
     signal from the same trees.
+
+    `verifier_training_signal` names what the verifier's DPO rows are (ours; provers always
+    train on their sampled pairs): "sampled_pairs" (nip's MALT: two of the verifier's own
+    sampled sibling replies, the one with the higher expected reward chosen; no row holds text
+    we wrote), "label_pairs" (ours: "Decision: <true>" over "Decision: <false>" after a share
+    `text_rl.verifier_guess_replacement_proportion` of its chats, label-balanced; supervised
+    learning, not MALT) or "sampled_and_label_pairs" (both). `balance_verifier_by_label` (ours)
+    keeps as many of the verifier's sampled pairs (MALT iterations) or rewarded rollouts (the
+    expert-iteration warm start, `num_initial_ei_iterations`) from problems with correct code
+    as from problems with buggy code, a seeded draw from the larger side: a base verifier that
+    mostly accepts yields many "accept on correct code" rows and few "reject on buggy code"
+    ones, and training on that imbalance teaches "accept".
     """
 
     num_responses_per_timestep: int = 2
@@ -100,3 +112,15 @@ class PureTextMaltParameters(BaseParameters):
     num_initial_ei_iterations: int = 0
     expected_reward_estimator: Literal["monte_carlo", "leaf_average"] = "monte_carlo"
     pairs_per_parent: Literal["one", "all"] = "one"
+    verifier_training_signal: Literal["sampled_pairs", "label_pairs", "sampled_and_label_pairs"] = (
+        "sampled_pairs"
+    )
+    balance_verifier_by_label: bool = False
+
+    @property
+    def trains_on_sampled_verifier_pairs(self) -> bool:
+        return self.verifier_training_signal in ("sampled_pairs", "sampled_and_label_pairs")
+
+    @property
+    def trains_on_label_pairs(self) -> bool:
+        return self.verifier_training_signal in ("label_pairs", "sampled_and_label_pairs")

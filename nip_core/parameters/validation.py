@@ -8,6 +8,8 @@ the class, the field and the problem.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
 import re
@@ -211,6 +213,45 @@ def _hyper_rules(p: Any) -> None:
     for field in dataclasses.fields(p):
         value = getattr(p, field.name)
         _require(value is not None, f"HyperParameters.{field.name}: must not be None")
+    if not _SETTING_SEVERAL.get():
+        check_training_signal(p)
+
+
+# True while `apply_overrides` sets several fields one by one: a rule that spans sections (the
+# signal and its share) is checked once they are all set, not between two of them.
+_SETTING_SEVERAL: contextvars.ContextVar[bool] = contextvars.ContextVar("setting", default=False)
+
+
+@contextlib.contextmanager
+def setting_several_fields():
+    token = _SETTING_SEVERAL.set(True)
+    try:
+        yield
+    finally:
+        _SETTING_SEVERAL.reset(token)
+
+
+def check_training_signal(p: Any) -> None:
+    """The verifier's label share means something only where label rows are written: MALT's
+    label pairs, or the SFT rows of expert-iteration iterations. A share nothing reads, or
+    label pairs with no share, is a configuration that does not say what it trains on."""
+    malt, share = p.pure_text_malt, p.text_rl.verifier_guess_replacement_proportion
+    if p.trainer != "pure_text_malt":
+        return
+    _require(
+        not malt.trains_on_label_pairs or share > 0,
+        f"HyperParameters: pure_text_malt.verifier_training_signal="
+        f"{malt.verifier_training_signal} needs text_rl.verifier_guess_replacement_proportion "
+        "> 0 (the share of the verifier's chats that get a label pair)",
+    )
+    _require(
+        malt.trains_on_label_pairs or share == 0 or malt.num_initial_ei_iterations > 0,
+        "HyperParameters: text_rl.verifier_guess_replacement_proportion="
+        f"{share} writes label answers, but pure_text_malt.verifier_training_signal="
+        "sampled_pairs trains MALT on sampled pairs only and there is no expert-iteration "
+        "iteration to use it: set the signal to label_pairs or sampled_and_label_pairs, or the "
+        "proportion to 0",
+    )
 
 
 @rule("AgentsParameters")
