@@ -258,7 +258,7 @@ def checked_run_arguments(args: argparse.Namespace) -> tuple[HyperParameters, st
 
 def check_run_providers(hp: HyperParameters) -> None:
     """Every agent's provider can serve the run (key, endpoint, fine-tuning where trained);
-    ProviderError, a ValueError, before anything is written."""
+    PreflightError, a ValueError, before anything is written."""
     context = build_context(hp, "preflight", 0)
     trained = set(context.agent_names) - set(context.frozen_agents)
     check_providers(context.agent_params, trained)

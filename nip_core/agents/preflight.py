@@ -25,7 +25,7 @@ OPENAI_DEFAULT_BASE = "https://api.openai.com/v1"
 CANNOT_FINE_TUNE = ("OpenRouter",)  # chat only: no fine-tuning API
 
 
-class ProviderError(ValueError):
+class PreflightError(ValueError):
     """A provider that cannot serve the run as configured (a user error: exit status 2)."""
 
 
@@ -103,7 +103,7 @@ def provider_problems(
 def check_providers(
     agent_params: Mapping[str, Any], trained: set[str], probe: Probe = http_probe
 ) -> None:
-    """ProviderError (one line, every problem) when any agent's provider cannot serve."""
+    """PreflightError (one line, every problem) when any agent's provider cannot serve."""
     problems = provider_problems(agent_params, trained, probe)
     if problems:
-        raise ProviderError("; ".join(problems))
+        raise PreflightError("; ".join(problems))
