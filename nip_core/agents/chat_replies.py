@@ -135,7 +135,7 @@ def unreadable_detail(response: HttpReply, problem: str) -> str:
     )
 
 
-def error_message(response: HttpReply) -> str:
+def openai_error_message(response: HttpReply) -> str:
     """The `error.message` of an OpenAI-shaped error body, else the start of the body."""
     try:
         return str(response.json()["error"]["message"])

@@ -33,7 +33,7 @@ from nip_core.agents.chat_replies import (
     HttpReply,
     ProviderError,
     TransientCallError,
-    error_message,
+    openai_error_message,
     read_reply,
     request_body,
 )
@@ -199,7 +199,7 @@ class DirectHttpChatClient:
         except _NETWORK_ERRORS as exc:
             raise TransientCallError(f"{type(exc).__name__}: {exc}", None) from None
         if response.status_code >= 400:
-            detail = f"HTTP {response.status_code}: {error_message(response)}"
+            detail = f"HTTP {response.status_code}: {openai_error_message(response)}"
             if is_transient_status(response.status_code):
                 retry_after = parse_retry_after(response.headers)
                 raise TransientCallError(detail, response.status_code, retry_after)
