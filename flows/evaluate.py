@@ -28,7 +28,8 @@ from flows.cli import (
     run_command,
     run_folder_arguments,
 )
-from nip_core.malt.evaluation import SPLITS, format_metrics
+from nip_core.data.splits import SPLITS
+from nip_core.malt.evaluation import format_metrics
 from nip_core.run.artifacts import RunPaths, default_root, read_json
 from nip_core.run.run_folder import ConfigError
 from nip_core.run.tracking import log_evaluation

@@ -17,6 +17,7 @@ from typing import Literal
 import numpy as np
 import pyarrow as pa
 
+from nip_core.data.splits import check_split
 from nip_core.episode import Datapoint
 from nip_core.malt.iteration_stats import leaf_decisions, verifier_metrics
 from nip_core.malt.rollout_tree import BatchItem
@@ -24,7 +25,6 @@ from nip_core.malt.schemas import AGENT_REWARD
 from nip_core.seeding import stable_int
 
 Split = Literal["test", "train", "validation"]
-SPLITS: tuple[str, ...] = ("test", "train", "validation")
 TEST_SCHEMES: tuple[str, ...] = ("none", "all", "last", "first_and_last")
 
 EVAL_SCHEMA = pa.schema(
@@ -55,11 +55,6 @@ def file_stem(split: str) -> str:
     """Artifact stem: `eval` (test split) or `eval-<split>`, so none overwrites another."""
     check_split(split)
     return "eval" if split == "test" else f"eval-{split}"
-
-
-def check_split(split: str) -> None:
-    if split not in SPLITS:
-        raise ValueError(f"evaluation split must be one of {SPLITS}, got {split!r}")
 
 
 def should_evaluate(scheme: str, iteration: int, num_iterations: int) -> bool:
