@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nip_core.malt.expected_reward import children_counts, expected_rewards
+from nip_core.malt.expected_reward import expected_rewards
+from nip_core.malt.tree_arrays import children_counts
 from tests import tree_reference as ref
 
 

@@ -36,21 +36,16 @@ from nip_core.malt.tree_arrays import (
     as_node_matrix,
     as_parent_array,
     check_depth,
+    children_counts,
     column_sum,
     level_nodes,
     sibling_buckets,
 )
-from nip_core.malt.tree_arrays import children_counts as _children_counts
 
 ValueMethod = Literal["monte_carlo", "leaf_average"]
 VALUE_METHODS: tuple[str, ...] = ("monte_carlo", "leaf_average")
 
-__all__ = ["VALUE_METHODS", "ValueMethod", "children_counts", "expected_rewards"]
-
-
-def children_counts(parent: np.ndarray, n: int) -> np.ndarray:
-    """Number of children of each of the `n` nodes (int64[n]); roots' -1 parents are ignored."""
-    return _children_counts(parent, n)
+__all__ = ["VALUE_METHODS", "ValueMethod", "expected_rewards"]
 
 
 def expected_rewards(
@@ -101,7 +96,7 @@ def _monte_carlo(parent: np.ndarray, depth: np.ndarray, reward: np.ndarray) -> n
 def _leaf_average(parent: np.ndarray, depth: np.ndarray, reward: np.ndarray) -> np.ndarray:
     """nip's estimator: subtree reward total over the number of leaves below."""
     total = np.array(reward.T, order="C")  # a copy, agent-major [A, N]
-    leaves = (_children_counts(parent, parent.size) == 0).astype(np.float64)
+    leaves = (children_counts(parent, parent.size) == 0).astype(np.float64)
     levels = level_nodes(depth)
     for d in range(len(levels) - 1, 0, -1):
         nodes, buckets = sibling_buckets(parent, levels[d])
