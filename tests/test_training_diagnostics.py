@@ -15,7 +15,7 @@ from nip_core.experiment.training_diagnostics import (
     read_training,
     training_rows,
 )
-from nip_core.lm_server.dataset_stats import dataset_stats, describe, example_tokens
+from nip_core.lm_server.dataset_stats import dataset_stats, dataset_summary_line, example_tokens
 from nip_core.report.html import report_html, training_table
 from nip_core.run.artifacts import RunPaths
 from nip_core.run.iteration_files import FINE_TUNE_STEPS_FILE
@@ -80,7 +80,7 @@ def test_dataset_stats_counts_examples_longer_than_max_length():
     assert stats["per_example"]["sequence"] == [14, 8] and stats["truncated"] == 1
     assert stats["tokens"]["sequence"] == {"mean": 11.0, "max": 14}
     assert stats["tokens"]["prompt"]["max"] == 10
-    assert "1 longer than max_length 12" in describe(stats)
+    assert "1 longer than max_length 12" in dataset_summary_line(stats)
     json.dumps(stats)  # it travels as an event's data
     assert dataset_stats(CharTokenizer(), [DPO_ROW], "dpo", None)["truncated"] == 0
 

@@ -93,7 +93,7 @@ def dataset_stats(
     }
 
 
-def describe(stats: dict[str, Any]) -> str:
+def dataset_summary_line(stats: dict[str, Any]) -> str:
     """The event's one-line message."""
     seq = stats["tokens"].get("sequence", {"mean": 0.0, "max": 0})
     return (

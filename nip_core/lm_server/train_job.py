@@ -14,7 +14,7 @@ from pathlib import Path
 
 from nip_core.lm_server.datasets import DatasetError, parse_dataset
 from nip_core.lm_server.options import OptionsError, TrainingOptions
-from nip_core.lm_server.store import append_event, read_json, write_json_atomic
+from nip_core.lm_server.store import append_event, read_state_json, write_json_atomic
 
 
 def _status(job_dir: Path, status: str, **extra) -> None:
@@ -69,7 +69,7 @@ def _train(job_dir: Path, config: dict, options: TrainingOptions, rows: list[dic
     )
     stats = dataset_stats.trainer_dataset_event(trainer, rows, options.method)
     if stats is not None:
-        append_event(job_dir, dataset_stats.describe(stats), data=stats)
+        append_event(job_dir, dataset_stats.dataset_summary_line(stats), data=stats)
     trainer.train()
     tokens = [e["num_tokens"] for e in trainer.state.log_history if "num_tokens" in e]
     kind = training.save_result(trainer, tokenizer, output, strategy, parent)
@@ -78,7 +78,7 @@ def _train(job_dir: Path, config: dict, options: TrainingOptions, rows: list[dic
 
 def run(job_dir: Path) -> int:
     """Run the job described in `job_dir`; the outcome goes to status.json, never an exception."""
-    config = read_json(job_dir / "config.json")
+    config = read_state_json(job_dir / "config.json")
     _status(job_dir, "validating_files")
     try:
         options = TrainingOptions.from_dict(config["options"])
