@@ -22,7 +22,7 @@ from nip_core.lm_server.engines.base import AdapterError, InferenceEngine
 from nip_core.lm_server.job_records import new_job_record
 from nip_core.lm_server.names import check_adapter_request, suffix_ok
 from nip_core.lm_server.options import OptionsError, parse_options
-from nip_core.lm_server.store import StateDir, append_event, read_json
+from nip_core.lm_server.store import StateDir, append_event, read_state_json
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 ACTIVE = ("validating_files", "running")
@@ -72,7 +72,7 @@ class JobManager:
         self.jobs = {job["id"]: job for job in self.state.load_jobs()}
         self.adapters = self.state.load_adapters()
         for job in [j for j in self.jobs.values() if j["status"] in ACTIVE]:
-            finished = read_json(self._dir(job) / "status.json", {}).get("status") in TERMINAL
+            finished = read_state_json(self._dir(job) / "status.json", {}).get("status") in TERMINAL
             if not finished and not self._child_alive(job):
                 self._settle_dead_child(job, died_with_server=True)
         if any(j["status"] in ACTIVE for j in self.jobs.values()):
@@ -249,7 +249,7 @@ class JobManager:
         append_event(self._dir(job), "Training process started; validating the training file")
 
     async def _check_active(self, job: dict) -> None:
-        status = read_json(self._dir(job) / "status.json", {})
+        status = read_state_json(self._dir(job) / "status.json", {})
         state = status.get("status")
         if state == "running" and job["status"] != "running":
             job["status"] = "running"
@@ -272,7 +272,7 @@ class JobManager:
         except (AdapterError, OSError) as exc:
             self._finish(job, "failed", error=("adapter_load_failed", str(exc)))
             return
-        base_path = read_json(self._dir(job) / "config.json")["base_model"]
+        base_path = read_state_json(self._dir(job) / "config.json")["base_model"]
         self.adapters[name] = {
             "path": output,
             "kind": status.get("kind", "lora"),
@@ -286,7 +286,7 @@ class JobManager:
     def _settle_dead_child(self, job: dict, died_with_server: bool, killed: bool = False) -> None:
         """Record the outcome of a child that is gone: its own verdict; training again when a
         signal or the server's end took it (up to `max_training_restarts` times); else a crash."""
-        status = read_json(self._dir(job) / "status.json", {})
+        status = read_state_json(self._dir(job) / "status.json", {})
         pid = job.get("_pid")
         if status.get("status") == "failed":
             error = status.get("error") or {}
@@ -299,7 +299,7 @@ class JobManager:
             reason = f"the training process (pid {pid}) died with the server before finishing"
             self._finish(job, "failed", error=("server_restarted", reason))
         else:
-            tail = procs.log_tail(self._dir(job))
+            tail = procs.train_log_tail(self._dir(job))
             reason = "the training process exited without finishing" + (
                 f"; last log lines:\n{tail}" if tail else ""
             )

@@ -93,7 +93,7 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
-def log_tail(job_dir: Path, lines: int = 8) -> str:
+def train_log_tail(job_dir: Path, lines: int = 8) -> str:
     """The last lines of a child's log, to explain a crash in the job's error message."""
     try:
         text = (job_dir / "train.log").read_text(errors="replace")

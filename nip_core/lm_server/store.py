@@ -58,7 +58,7 @@ def replaced_directory(target: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def read_json(path: Path, default: Any = None) -> Any:
+def read_state_json(path: Path, default: Any = None) -> Any:
     """The JSON content of `path`, or `default` when it does not exist (yet)."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -132,21 +132,23 @@ class StateDir:
         return meta
 
     def file_meta(self, file_id: str) -> dict | None:
-        return read_json(self.file_dir(file_id) / "meta.json")
+        return read_state_json(self.file_dir(file_id) / "meta.json")
 
     def save_job(self, job: dict) -> None:
         write_json_atomic(self.job_dir(job["id"]) / "job.json", job)
 
     def load_jobs(self) -> list[dict]:
         """Every stored job record, oldest first."""
-        jobs = [read_json(d / "job.json") for d in (self.root / "jobs").iterdir() if d.is_dir()]
+        jobs = [
+            read_state_json(d / "job.json") for d in (self.root / "jobs").iterdir() if d.is_dir()
+        ]
         return sorted(
             (j for j in jobs if j),
             key=lambda j: (j["created_at"], j.get("_created_ns", 0), j["id"]),
         )
 
     def load_adapters(self) -> dict[str, dict]:
-        return read_json(self.root / "adapters.json", {})
+        return read_state_json(self.root / "adapters.json", {})
 
     def save_adapters(self, adapters: dict[str, dict]) -> None:
         write_json_atomic(self.root / "adapters.json", adapters)
