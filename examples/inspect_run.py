@@ -15,14 +15,14 @@ import sys
 
 import pandas as pd
 
-from nip_core.report import open_run
+from nip_core.report import read_run
 
 pd.set_option("display.width", 160)
 pd.set_option("display.max_columns", 20)
 pd.set_option("display.max_colwidth", 70)
 
 RUN = sys.argv[1] if len(sys.argv) > 1 else "artifacts/default"
-run = open_run(RUN)
+run = read_run(RUN)
 print(run)
 last = run.iterations[-1]
 

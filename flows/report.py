@@ -14,7 +14,7 @@ import argparse
 import sys
 
 from nip_core.report.html import build_report
-from nip_core.report.run_reader import open_run
+from nip_core.report.run_reader import read_run
 from nip_core.run.artifacts import ArtifactError, write_bytes
 from nip_core.run.iteration_files import REPORT_FILE
 
@@ -39,7 +39,7 @@ def write_report(
     run_path: str, out: str | None = None, trees: int = 3, iteration: int | None = None
 ) -> str:
     """Build the report of the run at `run_path` and write it; returns where it went."""
-    run = open_run(run_path)
+    run = read_run(run_path)
     page = build_report(run, trees=trees, iteration=iteration)
     if out is None:
         path = f"{run.paths.run_dir}/{REPORT_FILE}"

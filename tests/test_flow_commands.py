@@ -64,10 +64,10 @@ def test_a_finished_iteration_answers_from_its_manifest_without_a_flow_run(
     manifest = json.loads((tmp_path / "done" / "iterations" / "0000" / "manifest.json").read_text())
     assert all(isinstance(entry["seconds"], float) for entry in manifest["stages"].values())
     assert "seconds per stage: batch " in out and "rollouts " in out
-    from nip_core.report import open_run
+    from nip_core.report import read_run
     from nip_core.report.html import build_report
 
-    assert "Wall seconds per stage" in build_report(open_run(str(tmp_path / "done")), trees=0)
+    assert "Wall seconds per stage" in build_report(read_run(str(tmp_path / "done")), trees=0)
     # A changed file means the iteration is not finished as recorded: the flow runs again.
     nodes = tmp_path / "done" / "iterations" / "0000" / "nodes.parquet"
     nodes.write_bytes(nodes.read_bytes() + b"x")

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
 
-from nip_core.report import open_run  # noqa: E402
+from nip_core.report import read_run  # noqa: E402
 from nip_core.run import object_store_lock as lease  # noqa: E402
 from nip_core.run.lock import RunLockedError, run_lock  # noqa: E402
 
@@ -123,7 +123,7 @@ def test_iteration_on_s3_survives_sigkill_and_reads_back(s3):
         ), name
     assert not fs.exists(f"{BUCKET}/runs/killed/.lock")  # released at the end
 
-    run = open_run(f"s3://{BUCKET}/runs/whole")
+    run = read_run(f"s3://{BUCKET}/runs/whole")
     assert run.iterations == [0] and len(run.nodes(0)) > 0
     assert run.stats["iteration"].tolist() == [0]
     call_log.unlink(missing_ok=True)

@@ -11,7 +11,7 @@ import pytest
 from flows import lm_server
 from nip_core.parameters import HyperParameters, PureTextAgentParameters
 from nip_core.parameters.loading import apply_overrides
-from nip_core.report import open_run
+from nip_core.report import read_run
 from nip_core.report.run_reader import RunReadError
 from nip_core.run.artifacts import RunPaths
 from nip_core.run.iteration_context import build_context
@@ -35,11 +35,11 @@ def test_reading_a_run_checks_the_stored_parameter_version(tmp_path):
     stored = HyperParameters.construct_test_params().to_dict(include_package_meta=True)
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "hyper_params.json").write_text(json.dumps(stored))
-    assert open_run(paths.run_dir).hyper_params["seed"] == stored["seed"]
+    assert read_run(paths.run_dir).hyper_params["seed"] == stored["seed"]
     stored["_package_version"] = "99.0.0"
     (tmp_path / "old" / "hyper_params.json").write_text(json.dumps(stored))
     with pytest.raises(RunReadError, match="newer"):
-        _ = open_run(paths.run_dir).hyper_params
+        _ = read_run(paths.run_dir).hyper_params
 
 
 def test_the_vllm_engine_gets_the_agents_vllm_server_port(tmp_path, monkeypatch):

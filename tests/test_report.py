@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from flows.report import main as report_main
-from nip_core.report import open_run
+from nip_core.report import read_run
 from nip_core.report.html import build_report, pick_trees, value_ranges
 from nip_core.report.plots import metric_plots
 from nip_core.report.trees import CHOSEN, REJECTED, colour_scale, tree_layout
@@ -27,7 +27,7 @@ IMG = re.compile(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
 
 @pytest.fixture(scope="module")
 def report(dummy_run):  # noqa: F811
-    run = open_run(str(dummy_run[1]))
+    run = read_run(str(dummy_run[1]))
     return run, build_report(run, trees=2)
 
 

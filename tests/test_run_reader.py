@@ -1,4 +1,4 @@
-"""open_run / RunView on a real two-iteration dummy run, plus the pure helpers.
+"""read_run / RunView on a real two-iteration dummy run, plus the pure helpers.
 
 pytest tests/test_run_reader.py
 """
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from nip_core.episode import ChannelMessage, Turn
-from nip_core.report import open_run
+from nip_core.report import read_run
 from nip_core.report.run_reader import RunReadError, RunView, flatten_stats, transcript_rows
 from nip_core.run.artifacts import ArtifactError, read_json
 
@@ -32,7 +32,7 @@ def dummy_run(prefect_harness, tmp_path_factory):
 
 @pytest.fixture
 def run(dummy_run) -> RunView:
-    return open_run(str(dummy_run[1]))
+    return read_run(str(dummy_run[1]))
 
 
 def test_iterations_and_tables_match_the_manifests(run, dummy_run):
@@ -115,9 +115,9 @@ def test_clear_errors(run, dummy_run, tmp_path):
     with pytest.raises(RunReadError, match="no node 'b999'"):
         run.transcript("b999", iteration=0)
     with pytest.raises(RunReadError, match="does not exist"):
-        open_run(str(tmp_path / "missing"))
+        read_run(str(tmp_path / "missing"))
     with pytest.raises(RunReadError, match="not a run folder"):
-        open_run(str(tmp_path))
+        read_run(str(tmp_path))
     if "evaluate" not in run.manifest(0)["stages"]:
         with pytest.raises(RunReadError, match="no eval.parquet"):
             run.eval(0)
@@ -126,13 +126,13 @@ def test_clear_errors(run, dummy_run, tmp_path):
 
 def test_root_with_one_run_url_and_root_with_two(dummy_run, tmp_path):
     root, run_dir = dummy_run
-    assert open_run(str(root)).name == "inspect"
-    assert open_run(f"file://{run_dir}").iterations == [0, 1]
+    assert read_run(str(root)).name == "inspect"
+    assert read_run(f"file://{run_dir}").iterations == [0, 1]
     two = tmp_path / "root"
     shutil.copytree(run_dir, two / "a")
     shutil.copytree(run_dir, two / "b")
     with pytest.raises(RunReadError, match=r"several runs; pick one of \['a', 'b'\]"):
-        open_run(str(two))
+        read_run(str(two))
 
 
 def test_missing_stage_file_is_named(dummy_run, tmp_path):
@@ -140,7 +140,7 @@ def test_missing_stage_file_is_named(dummy_run, tmp_path):
     shutil.copytree(dummy_run[1], copy)
     (copy / "iterations/0001/pairs.parquet").unlink()
     with pytest.raises(RunReadError, match="no pairs.parquet.*select-pairs"):
-        open_run(str(copy)).pairs(1)
+        read_run(str(copy)).pairs(1)
 
 
 def test_transcript_rows_keep_a_bare_verdict():

@@ -1,7 +1,7 @@
 """Read a finished (or partly finished) run folder as pandas DataFrames, for people and reports.
 
-    from nip_core.report import open_run
-    run = open_run("artifacts/exp1")
+    from nip_core.report import read_run
+    run = read_run("artifacts/exp1")
     run.stats[["iteration", "verifier.accuracy"]]
     run.pairs(0).query("agent == 'verifier'")
     run.transcript("b3.1.0", iteration=0)
@@ -246,6 +246,6 @@ class RunView:
         return turns_by_node(self._table(iteration, NODES_FILE))
 
 
-def open_run(path: str) -> RunView:
+def read_run(path: str) -> RunView:
     """A `RunView` of the run folder at `path` (local path or fsspec URL)."""
     return RunView(resolve_run_dir(path))
