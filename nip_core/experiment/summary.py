@@ -101,7 +101,7 @@ def curves(own: pd.DataFrame, base: pd.DataFrame) -> list[tuple[int, pd.DataFram
     return groups if any(it == 0 for it, _ in groups) else [(0, base), *groups]
 
 
-def seed_base(
+def seed_and_base_rows(
     experiment: pd.DataFrame, seed: int, base_arm: str
 ) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
     """(the seed's rows, its base model's rows, the sorted datapoints the base was evaluated
@@ -120,7 +120,7 @@ def seed_rows(
     counts: np.ndarray,
 ) -> tuple[list[dict], dict[tuple[str, int], dict]]:
     """One seed's summary rows and its statistics per (arm, iteration); `parts` as
-    `seed_base` gives them."""
+    `seed_and_base_rows` gives them."""
     own, base, datapoints = parts
     rows, cells = [], {}
     for arm in [a for a in dict.fromkeys(own["arm"]) if a != base_arm]:
@@ -170,7 +170,8 @@ def summary_table(
     if missing:
         raise ValueError(f"experiment table lacks columns {sorted(missing)}")
     parts = {
-        int(s): seed_base(experiment, int(s), base_arm) for s in sorted(experiment["seed"].unique())
+        int(s): seed_and_base_rows(experiment, int(s), base_arm)
+        for s in sorted(experiment["seed"].unique())
     }
     sizes = {len(datapoints) for _, _, datapoints in parts.values()}
     if len(sizes) != 1:
