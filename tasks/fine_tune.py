@@ -32,7 +32,7 @@ def fine_tune(paths: RunPaths, context: IterationContext) -> dict:
     return run_stage(paths, context, "fine_tune", compute)
 
 
-def switch_models(paths: RunPaths, context: IterationContext) -> dict[str, str]:
+def switch_to_fine_tuned(paths: RunPaths, context: IterationContext) -> dict[str, str]:
     """The model each group would use from the next iteration on: its fine-tuned model (the
     switch guard, a stage of its own, may still keep the previous one)."""
 
@@ -49,4 +49,4 @@ def fine_tune_task(paths: RunPaths, context: IterationContext) -> dict:
 
 @task(name="switch-model", **{**TRANSIENT_RETRY, "retry_delay_seconds": [5, 30]})
 def switch_model_task(paths: RunPaths, context: IterationContext) -> dict[str, str]:
-    return switch_models(paths, context)
+    return switch_to_fine_tuned(paths, context)
