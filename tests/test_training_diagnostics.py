@@ -16,7 +16,7 @@ from nip_core.experiment.training_diagnostics import (
     training_rows,
 )
 from nip_core.lm_server.dataset_stats import dataset_stats, dataset_summary_line, example_tokens
-from nip_core.report.html import report_html, training_table
+from nip_core.report.html import fine_tune_table, report_html
 from nip_core.run.artifacts import RunPaths
 from nip_core.run.iteration_files import FINE_TUNE_STEPS_FILE
 from nip_core.training.fine_tune_jobs import DUMMY_JOB_ID, GroupState
@@ -201,7 +201,7 @@ def test_report_shows_a_training_row_per_job():
     empty = training_summary(steps_table([]), None)  # a dummy-engine job: nothing to show
     fine_tunes = {0: {"verifier": {"training": summary}, "prover": {"training": empty}}}
     fine_tunes[1] = {"verifier": {"status": "succeeded"}}
-    table = training_table(fine_tunes)
+    table = fine_tune_table(fine_tunes)
     assert table[["iteration", "group", "truncated", "last loss"]].values.tolist() == [
         [0, "verifier", 1, 0.5]
     ]

@@ -17,7 +17,7 @@ import pandas as pd
 
 from nip_core.report.plots import Plot, agent_names, metric_plots
 from nip_core.report.run_reader import RunReadError, RunView
-from nip_core.report.trees import node_text, pair_roles, tree_svg, verdict
+from nip_core.report.trees import node_text, node_verdict, pair_roles, tree_svg
 from nip_core.run.stages import stage_seconds
 
 PAIR_COLUMNS = [
@@ -151,7 +151,7 @@ def tree_message_table(
     for row in tree_nodes.to_dict("records"):
         nid = row["node_id"]
         entry = {"node": nid, "round": row["round"], "messages": node_text(row) or "(root)"}
-        entry["verdict"] = verdict(row)
+        entry["verdict"] = node_verdict(row)
         for agent in expected:
             entry[f"E[{agent}]"] = expected[agent].get(nid)
             entry[f"{agent} pair"] = roles[agent].get(nid)
@@ -234,7 +234,7 @@ def _reported(entry: object) -> bool:
     return bool(training) and (training.get("steps") or training.get("examples") is not None)
 
 
-def training_table(fine_tunes: dict[int, dict[str, dict]]) -> pd.DataFrame:
+def fine_tune_table(fine_tunes: dict[int, dict[str, dict]]) -> pd.DataFrame:
     """One row per (iteration, group) whose job reported training diagnostics."""
     rows = [
         {"iteration": i, "group": group}
@@ -246,9 +246,9 @@ def training_table(fine_tunes: dict[int, dict[str, dict]]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def training_html(fine_tunes: dict[int, dict[str, dict]]) -> str:
+def fine_tune_html(fine_tunes: dict[int, dict[str, dict]]) -> str:
     """The "Training" table with its legend, empty when no job reported diagnostics."""
-    training = training_table(fine_tunes)
+    training = fine_tune_table(fine_tunes)
     if training.empty:
         return ""
     return (
@@ -290,7 +290,7 @@ def report_html(
             "<code>kept_previous</code> means the new model was not used.</p>"
             + html_table(guard_table(guards))
         )
-    models_html += training_html(fine_tunes or {})
+    models_html += fine_tune_html(fine_tunes or {})
     trees_title = "Response trees" + (
         f" (iteration {tree_iteration})" if tree_iteration is not None else ""
     )

@@ -110,7 +110,7 @@ def node_text(row: Mapping) -> str:
     return "\n".join(parts)
 
 
-def verdict(row: Mapping) -> str | None:
+def node_verdict(row: Mapping) -> str | None:
     """The node's verdict: "accept", "reject", "terminated" (ended without one) or None."""
     decision = row.get("decision")
     if decision is not None and not pd.isna(decision):
@@ -120,7 +120,7 @@ def verdict(row: Mapping) -> str | None:
 
 def verdict_mark(row: Mapping) -> str:
     """The one-letter badge drawn in a node: A(ccept), R(eject), T(erminated) or nothing."""
-    return (verdict(row) or "")[:1].upper()
+    return (node_verdict(row) or "")[:1].upper()
 
 
 def _label_rotated(positions: Mapping[str, NodePosition], labels: Mapping[str, str]) -> set[int]:
