@@ -18,7 +18,7 @@ from nip_core.training.switch_guard import (
     guard_verdict,
     guarded_models,
     logprob_per_token,
-    verdict,
+    reward_verdict,
     verdict_share,
 )
 
@@ -39,9 +39,9 @@ def manifest(root: Path, run: str) -> dict:
 
 
 def test_verdict_and_models_by_hand():
-    assert verdict(0.5, 0.44, margin=0.05) == KEPT_PREVIOUS
-    assert verdict(0.5, 0.46, margin=0.05) == SWITCHED
-    assert verdict(0.5, 0.9, margin=0.0) == SWITCHED
+    assert reward_verdict(0.5, 0.44, margin=0.05) == KEPT_PREVIOUS
+    assert reward_verdict(0.5, 0.46, margin=0.05) == SWITCHED
+    assert reward_verdict(0.5, 0.9, margin=0.0) == SWITCHED
     assert group_score({"a": 1.0, "b": None}, ["a", "b"]) == 0.5
     assert guarded_models(
         {"g": "old", "h": "old-h"},

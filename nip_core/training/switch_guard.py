@@ -30,7 +30,7 @@ def group_score(agent_rewards: Mapping[str, float | None], agents: Sequence[str]
     return float(sum(values) / len(values)) if values else 0.0
 
 
-def verdict(previous_score: float, new_score: float, margin: float) -> str:
+def reward_verdict(previous_score: float, new_score: float, margin: float) -> str:
     """`switched` unless the new model is worse than the previous one by more than `margin`."""
     return KEPT_PREVIOUS if new_score < previous_score - margin else SWITCHED
 
@@ -78,7 +78,7 @@ def guard_verdict(
     """(verdict, reason): `reward` when the score fell by more than `margin`, `drift` when the
     replies drifted more than `max_drift` nats per token, `constant_verdict` when one verdict
     makes `max_share` or more of the decided ones; (switched, None) otherwise."""
-    if verdict(previous_score, new_score, margin) == KEPT_PREVIOUS:
+    if reward_verdict(previous_score, new_score, margin) == KEPT_PREVIOUS:
         return KEPT_PREVIOUS, "reward"
     if max_drift is not None and drift_nats is not None and drift_nats > max_drift:
         return KEPT_PREVIOUS, "drift"
