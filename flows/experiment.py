@@ -90,7 +90,7 @@ from nip_core.run.lock import lock_run_folder
 from nip_core.run.run_folder import ConfigError, check_writable
 from nip_core.run.tracking import Tracker, log_evaluation, open_tracker
 from tasks.evaluate import evaluate_task
-from tasks.experiment import write_outputs as write_outputs_task
+from tasks.experiment import write_outputs_task
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "experiment-cpu.yaml"
 

@@ -14,7 +14,7 @@ from nip_core.run.artifacts import RunPaths
 
 
 @task(name="experiment-outputs")
-def write_outputs(
+def write_outputs_task(
     experiment_paths: RunPaths,
     frames: list[pd.DataFrame],
     timings: pd.DataFrame,
