@@ -317,7 +317,7 @@ def experiment_flow(
     return summary.to_dict("records")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = run_folder_arguments(
         "python -m flows.experiment",
         "Run (or resume) a learning experiment: base model vs MALT vs expert "
@@ -332,7 +332,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = _parse_args(argv)
     root = args.artifacts_root or default_root()
 
     def check():
