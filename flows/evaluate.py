@@ -73,7 +73,7 @@ def require_previous_models(paths: RunPaths, iteration: int) -> None:
         )
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = run_folder_arguments(
         "python -m flows.evaluate",
         "Evaluate a run's current models with one sample per turn "
@@ -87,7 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = _parse_args(argv)
 
     def check():
         hp, root, paths = checked_run_arguments(args)

@@ -55,7 +55,7 @@ def malt_iteration(
             return run_iteration(run, iteration, tracker)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = run_folder_arguments(
         "python -m flows.malt_iteration",
         "Run or resume one MALT iteration (tree rollouts, expected rewards, preference pairs, "
@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = _parse_args(argv)
 
     def run(checked) -> int:
         hp, root, paths = checked

@@ -57,7 +57,7 @@ def malt_run(
             return results
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = run_folder_arguments(
         "python -m flows.malt_run",
         "Run or resume a whole MALT run: rl.num_iterations iterations, each a subflow that "
@@ -74,7 +74,7 @@ def all_iterations_finished(hp: HyperParameters, paths: RunPaths, run_name: str)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = _parse_args(argv)
 
     def run(checked) -> int:
         hp, root, paths = checked

@@ -19,7 +19,7 @@ from nip_core.run.artifacts import ArtifactError, write_bytes
 from nip_core.run.iteration_files import REPORT_FILE
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m flows.report", description=__doc__.split("\n")[0]
     )
@@ -53,7 +53,7 @@ def write_report(
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = _parse_args(argv)
     try:
         where = write_report(args.run, args.out, args.trees, args.iteration)
     except ArtifactError as e:

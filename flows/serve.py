@@ -51,7 +51,7 @@ def deployments(names: list[str] | None = None) -> list:
     ]
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m flows.serve",
         description="Serve the MALT flows as Prefect deployments (needs PREFECT_API_URL "
@@ -82,7 +82,7 @@ def warn_if_ephemeral() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = _parse_args(argv)
     warn_if_ephemeral()
     serve(*deployments(args.only), limit=args.limit, pause_on_shutdown=False)
     return 0
