@@ -57,7 +57,7 @@ def _can_share(backbone: torch.nn.Module, input_ids, kwargs: dict[str, Any]) -> 
     return not (getattr(backbone, "gradient_checkpointing", False) and backbone.training)
 
 
-def cache_keyword(backbone: torch.nn.Module) -> str | None:
+def declared_cache_keyword(backbone: torch.nn.Module) -> str | None:
     """The keyword the backbone's `forward` takes its KV cache under, read from its signature:
     transformers renamed `past_key_values` to `cache` (5.0 and 5.17 take the old name, 5.24 the
     new one), and a name it does not declare falls silently into `**kwargs`."""
@@ -111,7 +111,7 @@ def share_pair_prefixes(backbone: torch.nn.Module) -> bool:
     if getattr(backbone.forward, "shares_pair_prefixes", False):
         return False
     original = backbone.forward
-    keyword = cache_keyword(backbone)
+    keyword = declared_cache_keyword(backbone)
 
     def unshared(reason: str) -> None:
         nonlocal keyword
