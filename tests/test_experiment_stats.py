@@ -7,14 +7,14 @@ import pandas as pd
 import pytest
 
 from nip_core.experiment.auc import counts_from_indices
-from nip_core.experiment.stats import (
+from nip_core.experiment.summary import count_statistics, one_level_row, summary_table, two_level
+from nip_core.malt.bootstrap import (
     METRICS,
     bootstrap,
     per_datapoint,
     percentile_ci,
     resample_indices,
 )
-from nip_core.experiment.summary import count_statistics, one_level_row, summary_table, two_level
 
 
 def episodes(arm: str, iteration: int, rows: list[tuple[int, int | None, int]]) -> pd.DataFrame:

@@ -1,18 +1,10 @@
-"""Experiment statistics: per-episode rows, metrics and bootstrap confidence intervals.
+"""Experiment statistics: the columns of the per-episode rows and of the summary table.
 
-Every interval is a 95 % percentile bootstrap that resamples *test datapoints* (all samples of a
-datapoint move together, since they share its difficulty), seeded, so a summary is reproducible.
-A paired difference (summary.py) resamples the same datapoints for both sides: the base model and a trained
-model are evaluated on identical datapoints and episode seeds, which is what makes small
-improvements measurable. Pure: pandas/numpy in, pandas out.
+The bootstrap behind every interval (datapoints resampled, seeded) is `nip_core.malt.bootstrap`;
+the summary itself is `summary.py`. Pure: constants only.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
-
-import numpy as np
-import pandas as pd
 
 EXPERIMENT_COLUMNS = (
     "seed",
@@ -49,77 +41,5 @@ SUMMARY_COLUMNS = (
     "train_model_calls",
     "wall_seconds",
 )
-ALPHA = 0.05
 # An accept rate outside this band is flagged: a verifier near one constant verdict.
 ACCEPT_RATE_BAND = (0.2, 0.8)
-
-# A statistic of one resample: per-datapoint sums (rows = datapoints) -> value (NaN if undefined).
-Statistic = Callable[[np.ndarray], np.ndarray]
-
-
-def per_datapoint(frame: pd.DataFrame, datapoints: np.ndarray) -> np.ndarray:
-    """Per-datapoint sums, rows aligned to `datapoints`: correct, decided, decided and correct,
-    accepted (decision 1), episodes, and (correct, episodes) within each label y = 0 / y = 1."""
-    decided = frame["decision"].notna()
-    accepted = frame["decision"].fillna(-1).eq(1)
-    correct = frame["correct"].astype(bool)
-    y1 = frame["y"].eq(1)
-    parts = pd.DataFrame(
-        {
-            "correct": correct,
-            "decided": decided,
-            "decided_correct": decided & correct,
-            "accepted": accepted,
-            "episodes": 1,
-            "correct_y0": correct & ~y1,
-            "episodes_y0": ~y1,
-            "correct_y1": correct & y1,
-            "episodes_y1": y1,
-        }
-    ).astype(float)
-    sums = parts.groupby(frame["datapoint_id"].to_numpy()).sum()
-    return sums.reindex(datapoints, fill_value=0.0).to_numpy()
-
-
-def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
-
-
-# Each metric reads the per-datapoint sums (summed over a resample, last axis = the columns).
-METRICS: dict[str, Statistic] = {
-    "accuracy": lambda s: _ratio(s[..., 0], s[..., 4]),
-    "decision_rate": lambda s: _ratio(s[..., 1], s[..., 4]),
-    "accuracy_when_decided": lambda s: _ratio(s[..., 2], s[..., 1]),
-    "accept_rate": lambda s: _ratio(s[..., 3], s[..., 1]),
-    "balanced_accuracy": lambda s: (
-        (_ratio(s[..., 5], s[..., 6]) + _ratio(s[..., 7], s[..., 8])) / 2
-    ),
-}
-
-
-def resample_indices(n: int, resamples: int, seed: int) -> np.ndarray:
-    """(resamples, n) datapoint indices drawn with replacement."""
-    if n == 0:
-        raise ValueError("cannot bootstrap an empty set of datapoints")
-    if resamples < 1:
-        raise ValueError(f"bootstrap resamples must be >= 1, got {resamples}")
-    return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
-
-
-def percentile_ci(values: np.ndarray, alpha: float = ALPHA) -> tuple[float, float]:
-    """(low, high) percentiles of the finite resampled values; NaNs when none is finite."""
-    finite = values[np.isfinite(values)]
-    if len(finite) == 0:
-        return float("nan"), float("nan")
-    low, high = np.percentile(finite, [100 * alpha / 2, 100 * (1 - alpha / 2)])
-    return float(low), float(high)
-
-
-def bootstrap(
-    sums: np.ndarray, statistic: Statistic, indices: np.ndarray
-) -> tuple[float, float, float]:
-    """(point estimate, CI low, CI high) of `statistic` over datapoints resampled by `indices`."""
-    point = float(statistic(sums.sum(axis=0)))
-    resampled = statistic(sums[indices].sum(axis=1))
-    return (point, *percentile_ci(resampled))

@@ -1,10 +1,11 @@
 """The summary table: per seed, and across seeds with a two-level bootstrap.
 
-Per seed, every metric's 95 % CI resamples test datapoints (stats.py). Across seeds, the point
-estimate is the mean of the seeds' estimates and each bootstrap resample first draws seeds with
-replacement, then datapoints within each drawn seed: the interval then covers both what another
-training run (seed) and what another test set would change. Paired differences against the base
-use the same draws on both sides, within each seed. Pure: pandas/numpy in, pandas out.
+Per seed, every metric's 95 % CI resamples test datapoints (`nip_core.malt.bootstrap`). Across
+seeds, the point estimate is the mean of the seeds' estimates and each bootstrap resample first
+draws seeds with replacement, then datapoints within each drawn seed: the interval then covers
+both what another training run (seed) and what another test set would change. Paired
+differences against the base use the same draws on both sides, within each seed. Pure:
+pandas/numpy in, pandas out.
 """
 
 from __future__ import annotations
@@ -15,15 +16,8 @@ import numpy as np
 import pandas as pd
 
 from nip_core.experiment.auc import WeightedAuc, counts_from_indices
-from nip_core.experiment.stats import (
-    ACCEPT_RATE_BAND,
-    EXPERIMENT_COLUMNS,
-    METRICS,
-    SUMMARY_COLUMNS,
-    per_datapoint,
-    percentile_ci,
-    resample_indices,
-)
+from nip_core.experiment.stats import ACCEPT_RATE_BAND, EXPERIMENT_COLUMNS, SUMMARY_COLUMNS
+from nip_core.malt.bootstrap import METRICS, per_datapoint, percentile_ci, resample_indices
 
 # A statistic of datapoint counts: (M, N) how often each datapoint is drawn -> (M,) values.
 CountStatistic = Callable[[np.ndarray], np.ndarray]

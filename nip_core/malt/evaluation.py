@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from nip_core.data.splits import check_split
 from nip_core.episode import Datapoint
+from nip_core.malt.bootstrap import METRICS, bootstrap, per_datapoint, resample_indices
 from nip_core.malt.iteration_stats import leaf_decisions, verifier_metrics
 from nip_core.malt.rollout_tree import BatchItem
 from nip_core.malt.schemas import AGENT_REWARD
@@ -216,8 +217,6 @@ def judging_metrics(table: pa.Table, resamples: int = 1000, seed: int = 0) -> di
     datapoints: accuracy, accuracy when decided, balanced accuracy and accept rate (of the
     decisions). A verifier that always accepts scores 0.5 on a balanced split, yet decides
     every time; decided accuracy against 0.5 is what shows judging."""
-    from nip_core.experiment.stats import METRICS, bootstrap, per_datapoint, resample_indices
-
     frame = table.select(["datapoint_id", "decision", "y", "correct"]).to_pandas()
     datapoints = np.sort(frame["datapoint_id"].unique())
     sums = per_datapoint(frame, datapoints)
