@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -59,6 +60,36 @@ def job_key(run_name: str, iteration: int, group: str) -> str:
 def job_suffix(run_name: str, iteration: int, group: str) -> str:
     """A job name short enough for OpenAI's 64-character suffix limit (nip §8.21)."""
     return f"{run_name}-it{iteration}-{group}"[-64:].lstrip("-")
+
+
+def named_job_key_and_suffix(group: str, job_name: str | None, key: str | None) -> tuple[str, str]:
+    """The idempotency key and job suffix of a job created under nip's method names: the key as
+    given, else `"<job_name>/<group>"` (the same name re-attaches), else a random one (never
+    re-attaches); the suffix is `job_name` (or the group) cut to OpenAI's 64 characters."""
+    if key is None:
+        key = f"{job_name}/{group}" if job_name else f"{group}/{uuid.uuid4().hex}"
+    suffix = (job_name or group)[-64:].lstrip("-") or group[-64:]
+    return key, suffix
+
+
+def lora_training_options(params: Any, lora_alpha: float, learning_rate: float) -> dict:
+    """Our server's LoRA options (sent in the request body; OpenAI does not get them)."""
+    options = {
+        "use_lora": params.use_lora,
+        "lora_rank": params.lora_rank,
+        "lora_alpha": lora_alpha,
+        "lora_dropout": params.lora_dropout,
+        "stack_lora_adapters": params.stack_lora_adapters,
+        "quantization": params.quantization,
+        "learning_rate": learning_rate,
+        "loss_type": params.dpo_loss_type,
+        "rpo_alpha": params.dpo_rpo_alpha,
+        "gradient_accumulation_steps": params.gradient_accumulation_steps,
+        "shuffle": params.shuffle_training_data,
+    }
+    if params.training_activation_checkpointing is not None:  # unset: the fingerprint as before
+        options["activation_checkpointing"] = params.training_activation_checkpointing
+    return options
 
 
 def training_fingerprint(request: dict[str, Any], jsonl: bytes) -> str:
@@ -112,3 +143,12 @@ def fine_tuning_client(agent_params: PureTextAgentParameters) -> Any:
             f"set {key_env} in the environment to fine-tune with {base_url or 'OpenAI'}"
         )
     return openai.AsyncOpenAI(base_url=base_url, api_key=key or "EMPTY", max_retries=0)
+
+
+def job_error_text(job: Any) -> str:
+    """A job's error as one line (nip's `get_fine_tune_job_error_repr` format)."""
+    error = job.error
+    if error is None:
+        return f"job {job.id} has status {job.status} and no error message"
+    text = f"Code: {error.code}. Message: {error.message}."
+    return text + (f" Parameter: {error.param}." if error.param else "")

@@ -3,7 +3,9 @@
 One code path (the `openai` SDK) drives OpenAI, OpenRouter and our self-hosted server. A group
 trains one model on the data of all its agents; frozen groups never train. Jobs carry an
 idempotency key (run, iteration, group) in their metadata, so a restarted flow finds the job it
-already submitted instead of creating a second one.
+already submitted instead of creating a second one. nip's method names (`get_state_dict`,
+`set_state_dict`, `create_dpo_fine_tune_job`, `create_supervised_fine_tune_job`) are thin calls
+of ours, so code written against the reference library keeps working.
 """
 
 from __future__ import annotations
@@ -32,17 +34,19 @@ from nip_core.training.fine_tune_jobs import (
     FineTuneJobError,
     GroupState,
     JobStatus,
+    job_error_text,
     keyed,
+    lora_training_options,
+    named_job_key_and_suffix,
     reusable_and_failed,
     training_fingerprint,
     with_backoff,
 )
-from nip_core.training.nip_methods import NipMethodNames
 
 log = logging.getLogger(__name__)
 
 
-class SharedModelGroup(NipMethodNames):
+class SharedModelGroup:
     """A group of agents sharing one model (OpenAI-compatible fine-tuning API)."""
 
     def __init__(
@@ -107,6 +111,11 @@ class SharedModelGroup(NipMethodNames):
         defaults = asdict(GroupState())
         self.state = GroupState(**{k: data.get(k, defaults[k]) for k in defaults})
         self.state.failed_jobs = list(self.state.failed_jobs or [])
+
+    # nip's names: its `get_state` returns a dataclass and `get_state_dict` a dict; ours both
+    # return the dict `{fine_tune_job_id, fine_tuned_model_name, skip_reason, failed_jobs}`.
+    get_state_dict = get_state
+    set_state_dict = set_state
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -174,26 +183,6 @@ class SharedModelGroup(NipMethodNames):
             hyper["batch_size"] = self.params.per_device_train_batch_size
         return hyper
 
-    def _training_extension(self) -> dict:
-        """Our server's LoRA options (sent in the request body; OpenAI does not get them)."""
-        p = self.params
-        extension = {
-            "use_lora": p.use_lora,
-            "lora_rank": p.lora_rank,
-            "lora_alpha": self.lora_alpha,
-            "lora_dropout": p.lora_dropout,
-            "stack_lora_adapters": p.stack_lora_adapters,
-            "quantization": p.quantization,
-            "learning_rate": self.rl_learning_rate,
-            "loss_type": p.dpo_loss_type,
-            "rpo_alpha": p.dpo_rpo_alpha,
-            "gradient_accumulation_steps": p.gradient_accumulation_steps,
-            "shuffle": p.shuffle_training_data,
-        }
-        if p.training_activation_checkpointing is not None:  # unset: the fingerprint as before
-            extension["activation_checkpointing"] = p.training_activation_checkpointing
-        return extension
-
     def _api(self) -> Any:
         """The fine-tuning client, or a clear error when the group was built without one."""
         if self.client is None:
@@ -215,7 +204,7 @@ class SharedModelGroup(NipMethodNames):
         known = {entry["job_id"] for entry in self.state.failed_jobs}
         for job in failed:
             if job.id not in known:
-                self.state.failed_jobs.append({"job_id": job.id, "error": _error_text(job)})
+                self.state.failed_jobs.append({"job_id": job.id, "error": job_error_text(job)})
         return reusable
 
     def _job_request(self, method: str, suffix: str, from_base_model: bool) -> dict[str, Any]:
@@ -229,7 +218,8 @@ class SharedModelGroup(NipMethodNames):
         if self.training_seed is not None:
             request["seed"] = self.training_seed
         if provider_of(self.params).sends_lora_options:
-            request["extra_body"] = {"nip_training": self._training_extension()}
+            extension = lora_training_options(self.params, self.lora_alpha, self.rl_learning_rate)
+            request["extra_body"] = {"nip_training": extension}
         return request
 
     async def create_fine_tune_job(
@@ -277,6 +267,41 @@ class SharedModelGroup(NipMethodNames):
         self.state.fine_tune_job_id = job.id
         return job.id
 
+    async def create_dpo_fine_tune_job(
+        self,
+        jsonl: bytes,
+        rows: int,
+        job_name: str | None = None,
+        *,
+        key: str | None = None,
+        from_base_model: bool = False,
+    ) -> str:
+        """nip's name for `create_fine_tune_job("dpo", ...)`; returns the job id. nip builds
+        the dataset from sampled timesteps; here `jsonl` is OpenAI's preference-tuning JSONL
+        (`dataset_export.dpo_openai_jsonl`) and `rows` its line count. Key and suffix:
+        `named_job_key_and_suffix` (the same `job_name` re-attaches to its job)."""
+        key, suffix = named_job_key_and_suffix(self.name, job_name, key)
+        return await self.create_fine_tune_job(
+            "dpo", jsonl, rows, key=key, suffix=suffix, from_base_model=from_base_model
+        )
+
+    async def create_supervised_fine_tune_job(
+        self,
+        jsonl: bytes,
+        rows: int,
+        job_name: str | None = None,
+        *,
+        key: str | None = None,
+        from_base_model: bool = False,
+    ) -> str:
+        """nip's name for `create_fine_tune_job("supervised", ...)`, as
+        `create_dpo_fine_tune_job`; `jsonl` is OpenAI's chat-format JSONL
+        (`dataset_export.sft_openai_jsonl`, guess-replaced rollouts included)."""
+        key, suffix = named_job_key_and_suffix(self.name, job_name, key)
+        return await self.create_fine_tune_job(
+            "supervised", jsonl, rows, key=key, suffix=suffix, from_base_model=from_base_model
+        )
+
     async def _job(self):
         client = self._api()
         return await with_backoff(
@@ -305,7 +330,7 @@ class SharedModelGroup(NipMethodNames):
     async def get_fine_tune_job_error_repr(self) -> str:
         if self.state.fine_tune_job_id in LOCAL_JOB_IDS:
             return "no error"
-        return _error_text(await self._job())
+        return job_error_text(await self._job())
 
     def _next_dummy_iteration(self) -> int:
         """One past the iteration in the current dummy model's name (0 if there is none)."""
@@ -341,15 +366,6 @@ class SharedModelGroup(NipMethodNames):
                 )
             self.state.fine_tuned_model_name = job.fine_tuned_model
         return self.model_name
-
-
-def _error_text(job: Any) -> str:
-    """A job's error as one line (nip's `get_fine_tune_job_error_repr` format)."""
-    error = job.error
-    if error is None:
-        return f"job {job.id} has status {job.status} and no error message"
-    text = f"Code: {error.code}. Message: {error.message}."
-    return text + (f" Parameter: {error.param}." if error.param else "")
 
 
 def build_groups(
