@@ -1,4 +1,5 @@
-"""The import direction flows -> tasks -> nip_core holds (ruff's TID251 covers nip_core)."""
+"""The import direction flows -> tasks -> nip_core holds (ruff's TID251 covers nip_core), and
+inside nip_core its packages stand on floors that import only downwards."""
 
 import ast
 from pathlib import Path
@@ -138,6 +139,55 @@ def test_the_shared_model_api_and_the_parameters_sit_at_the_bottom():
     allowed = {"nip_core", "nip_core.model_api"}
     for name, imported in nip_core_imports("parameters").items():
         assert imported <= allowed, f"{name} imports {imported - allowed}"
+
+
+# nip_core's floors, top to bottom (docs/architecture.md draws them): a package imports only
+# packages on the floors below its own, never one beside it or above it; imports inside
+# functions count. The language-model server stands apart (the test above).
+NIP_CORE_FLOORS: tuple[tuple[str, ...], ...] = (
+    ("experiment",),  # the learning experiment: arms, verdict scores, summary
+    ("training",),  # model groups, fine-tune jobs, the switch guard
+    ("play", "report"),  # playing episodes (rollout and evaluation stages); reading a run
+    ("malt",),  # tree growth, rewards, pairs, export, statistics, evaluation
+    ("agents", "run"),  # prompts, parsing and chat clients; run folders and manifests
+    ("data", "protocols"),  # datasets, splits and the sandbox; the six protocols
+    ("parameters",),  # the configuration API
+    ("episode", "model_api", "seeding"),  # shared records, the API's shared parts, seeds
+)
+STANDS_APART = {"lm_server": {"model_api", "seeding"}}
+
+
+def allowed_imports() -> dict[str, set[str]]:
+    """Each nip_core package (or top-level module) -> the nip_core packages it may import."""
+    allowed = {}
+    for level, floor in enumerate(NIP_CORE_FLOORS):
+        below = {name for lower in NIP_CORE_FLOORS[level + 1 :] for name in lower}
+        allowed.update({name: below for name in floor})
+    return allowed | STANDS_APART
+
+
+def test_every_nip_core_package_has_a_floor():
+    here = {p.parent.name for p in (REPO / "nip_core").glob("*/__init__.py")}
+    here |= {p.stem for p in (REPO / "nip_core").glob("*.py") if p.name != "__init__.py"}
+    assert here == set(allowed_imports()), here ^ set(allowed_imports())
+
+
+def test_nip_core_packages_import_only_the_floors_below():
+    """The layers contract: no arrow sideways or back up (`malt.evaluation` once reached up into
+    `experiment.stats` from inside a function; the bootstrap now lives in `malt.bootstrap`)."""
+    wrong = []
+    for package, allowed in allowed_imports().items():
+        for module, imported in sorted(nip_core_imports(package).items()):
+            above = {m.removeprefix("nip_core.") for m in imported} - allowed - {"nip_core"}
+            wrong += [f"{module} imports nip_core.{name}" for name in sorted(above)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_nip_core_has_no_relative_imports():
+    """Relative imports would slip past the scans above."""
+    for path in (REPO / "nip_core").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            assert not (isinstance(node, ast.ImportFrom) and node.level), f"{path}:{node.lineno}"
 
 
 def test_flows_share_only_the_cli_and_the_pipeline():
