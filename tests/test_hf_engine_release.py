@@ -12,7 +12,8 @@ import asyncio
 import pytest
 
 from nip_core.lm_server.engines.base import ChatRequest
-from nip_core.lm_server.engines.hf import TransformersEngine, _chunks, peft_adapter_name
+from nip_core.lm_server.engines.hf import TransformersEngine
+from nip_core.lm_server.engines.hf_batching import peft_adapter_name
 from tests.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -99,65 +100,3 @@ def test_adapter_names_with_dots_are_served(model_and_adapters):
     asyncio.run(_dotted_names(model_dir, first, second))
     assert peft_adapter_name("a.b") not in ("a.b", "a_b", peft_adapter_name("a_b"))
     assert "." not in peft_adapter_name("x.y.z") and peft_adapter_name("ok-name") == "ok-name"
-
-
-def test_chunks_pack_by_length_within_both_limits():
-    def pending(length: int, n: int = 1):
-        request = ChatRequest(model="m", messages=[{"role": "user", "content": "x" * length}], n=n)
-        return (request, None)
-
-    group = [pending(50), pending(10), pending(300), pending(20, n=4), pending(40)]
-    length = lambda r: len(r.messages[0]["content"])  # noqa: E731
-    chunks = _chunks([group], max_sequences=6, max_tokens=400, prompt_length=length,
-                     default_new_tokens=10)  # fmt: skip
-    lengths = [[length(r) for r, _ in chunk] for chunk in chunks]
-    # sorted by length; 10+20(x4) = 5 sequences; adding 40 makes 6 x 50 = 300 <= 400 tokens;
-    # 50 then needs 7 sequences; 300 alone exceeds the budget but still gets its own call
-    assert lengths == [[10, 20, 40], [50], [300]]
-
-
-async def _seeded_answers(model_dir) -> None:
-    engine = TransformersEngine(str(model_dir))
-    await engine.start()
-
-    def request(content: str, seed: int, n: int = 1) -> ChatRequest:
-        messages = [{"role": "user", "content": content}]
-        return ChatRequest(model=str(model_dir), messages=messages, n=n, temperature=1.0,
-                           max_tokens=8, seed=seed)  # fmt: skip
-
-    try:
-        alone = await engine.chat(request("judge this code", 7, n=2))
-        others = [request(f"another prompt {i}", 100 + i) for i in range(5)]
-        together = await asyncio.gather(
-            *(engine.chat(r) for r in others), engine.chat(request("judge this code", 7, n=2))
-        )
-        assert together[-1] == alone  # the batch it shares does not change a seeded answer
-        assert alone[0].text != alone[1].text  # the n samples are different draws
-        other_seed = await engine.chat(request("judge this code", 8, n=2))
-        assert other_seed != alone
-    finally:
-        await engine.stop()
-
-
-def test_seeded_requests_answer_the_same_whatever_their_batch(model_and_adapters):
-    model_dir, _ = model_and_adapters
-    asyncio.run(_seeded_answers(model_dir))
-
-
-def test_seeded_sampler_draws_from_the_softmax():
-    import torch
-
-    from nip_core.lm_server.engines.hf import SeededSampler
-
-    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
-    draws = [
-        int(SeededSampler([seed], temperature=1.0, top_p=1.0)(None, logits).argmax())
-        for seed in range(4000)
-    ]
-    frequencies = torch.bincount(torch.tensor(draws), minlength=4) / len(draws)
-    assert torch.allclose(frequencies, logits.softmax(-1)[0], atol=0.03)
-    top = [
-        int(SeededSampler([seed], temperature=1.0, top_p=0.7)(None, logits).argmax())
-        for seed in range(500)
-    ]
-    assert set(top) == {0, 1}  # p = .64, .24, ...: top-p 0.7 keeps the two most likely

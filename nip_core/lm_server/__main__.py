@@ -49,6 +49,21 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="dummy engine only: how long each fake training job takes",
     )
     _add_vllm_arguments(parser)
+    hf = parser.add_argument_group("transformers engine")
+    hf.add_argument(
+        "--hf-max-batch-sequences",
+        type=_positive,
+        default=None,
+        help="sequences decoding together at most (default: 64 on CPU, 512 on CUDA)",
+    )
+    hf.add_argument(
+        "--hf-max-batch-tokens",
+        type=_positive,
+        default=None,
+        help="a batch's sequences x (cache width + new tokens still to come) at most, which "
+        "bounds the KV cache (default: 16,384 on CPU; on CUDA half the free memory after "
+        "loading over the model's KV bytes per token)",
+    )
     parser.add_argument(
         "--allow-adapters-anywhere",
         action="store_true",
@@ -72,6 +87,21 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "again from the start before it fails",
     )
     return parser.parse_args(argv)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def hf_options(args: argparse.Namespace) -> dict:
+    """The transformers engine's options from the command line (None: derived from the device)."""
+    return {
+        "max_sequences": args.hf_max_batch_sequences,
+        "max_batch_tokens": args.hf_max_batch_tokens,
+    }
 
 
 def _add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
@@ -191,6 +221,8 @@ def main(argv: list[str] | None = None) -> None:
     opts = {}
     if args.engine == "vllm":
         opts = vllm_options(args) | vllm_engine_options(args, state_dir)
+    elif args.engine == "transformers":
+        opts = hf_options(args)
     engine = make_engine(args.engine, model, **opts)
     app = create_app(
         engine,

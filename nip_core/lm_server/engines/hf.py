@@ -1,14 +1,13 @@
 """The transformers engine: serves a causal LM and its PEFT adapters on CPU or one CUDA GPU.
 
-Pending requests are collected into few, large `generate` calls (left padding, n samples through
-`num_return_sequences`), grouped by model/adapter and sampling settings because one call takes one
-set of them. Within a group, requests are sorted by prompt length and packed into calls bounded
-by a sequence count and a token budget (sequences x (longest prompt + new tokens), which bounds
-the KV cache): large batches are what make CPU generation fast (about 2x tokens/s from batch 8 to
-64 on the embedded model), and length buckets keep padding low. All model work runs on a single
-worker thread, so the event loop stays responsive and adapter swaps never race a generation; the
-event loop counts tokens with a tokenizer of its own (a fast tokenizer's padding state is not
-thread-safe).
+Requests join one running batch between decode steps (continuous batching, `hf_decode.py`),
+whatever their `n`, temperature, top-p, penalty and seed: each sequence samples with its own
+settings and seeded noise (`hf_noise.py`). A batch serves one model or adapter (others wait for
+it to drain, `hf_batching.candidates`) within limits derived from the device or given on the
+command line (`hf_batching.device_limits`). All model work runs on one worker thread, a decode
+step per call, so the event loop stays responsive; adapter unloads and weight releases wait for
+the batch to drain. The event loop tokenizes prompts with a tokenizer of its own (a fast
+tokenizer's padding state is not thread-safe).
 """
 
 from __future__ import annotations
@@ -18,21 +17,25 @@ import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import nip_core.lm_server.engines.hf_decode as hf_decode
 from nip_core.lm_server.engines.base import AdapterError, ChatChoice, ChatRequest
 from nip_core.lm_server.engines.hf_batching import (
-    SeededSampler,
-    _chunks,
-    _greedy_kwargs,
-    _groups,
-    _Pending,
-    _sampling_kwargs,
-    _stop_ids,
-    generate_with_shared_prompts,
+    PREFILL_TOKENS,
+    Job,
+    Load,
+    admitted,
+    candidates,
+    completed,
+    device_limits,
+    kv_bytes_per_token,
     peft_adapter_name,
-    sequence_seeds,
+    prefill_groups,
+    settle,
+    stop_ids,
 )
 
 log = logging.getLogger(__name__)
@@ -47,22 +50,27 @@ class TransformersEngine:
         self,
         model: str,
         *,
-        max_batch: int = 512,
-        max_sequences: int = 64,
-        max_batch_tokens: int = 16_384,
+        max_sequences: int | None = None,
+        max_batch_tokens: int | None = None,
         default_max_tokens: int = 512,
         **_: Any,
     ) -> None:
         self.model_name = model
-        self.max_batch = max_batch
-        # One `generate` call holds at most `max_sequences` sequences and
-        # `max_batch_tokens` = sequences x (longest prompt + max new tokens): the token budget
-        # bounds the KV cache (about 46 kB a token for SmolLM2-135M in fp32, so ~0.75 GB).
-        self.max_sequences = max_sequences
-        self.max_batch_tokens = max_batch_tokens
+        # Batch limits: None until the model is loaded, then derived from the device
+        # (`device_limits`) unless given here (the server's --hf-max-batch-* flags).
+        self.limits_given = (max_sequences, max_batch_tokens)
+        self.max_sequences = max_sequences or 0
+        self.max_batch_tokens = max_batch_tokens or 0
         self.default_max_tokens = default_max_tokens
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
-        self._queue: asyncio.Queue[_Pending] | None = None
+        self._pending: list[Job] = []  # event-loop side: waiting to join the batch
+        self._in_flight: list[Job] = []  # event-loop side: their sequences are in the batch
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Lock()  # held by the worker loop while a batch runs
+        self._exclusive_waiting = 0  # adapter swaps and releases waiting for the batch to drain
+        self._load_now = Load()
+        self._batch_model = ""
+        self._batch: hf_decode.Batch | None = None  # worker-thread side
         self._worker: asyncio.Task | None = None
         self._adapters: dict[str, str] = {}  # LoRA adapters inside the PeftModel
         self._peft_names: dict[str, str] = {}  # served name -> PEFT adapter name (no dots)
@@ -75,7 +83,6 @@ class TransformersEngine:
 
     async def start(self) -> None:
         await self._run(self._load)
-        self._queue = asyncio.Queue()
         self._worker = asyncio.create_task(self._serve())
 
     async def stop(self) -> None:
@@ -98,26 +105,46 @@ class TransformersEngine:
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
+        self._stops = stop_ids(self.tokenizer)
         base = AutoModelForCausalLM.from_pretrained(self.model_name, dtype=dtype)
         self.base = self.model = base.to(self.device).eval()
+        free = torch.cuda.mem_get_info()[0] if self.device == "cuda" else 0
+        kv_bytes = kv_bytes_per_token(base.config, torch.finfo(dtype).bits // 8)
+        sequences, tokens = device_limits(self.device, kv_bytes, free)
+        self.max_sequences = self.limits_given[0] or sequences
+        self.max_batch_tokens = self.limits_given[1] or tokens
 
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
+    @asynccontextmanager
+    async def _exclusive(self):
+        """Wait until no batch runs, keeping new ones from starting, to change the weights."""
+        self._exclusive_waiting += 1
+        self._wake.set()
+        try:
+            async with self._idle:
+                yield
+        finally:
+            self._exclusive_waiting -= 1
+            self._wake.set()
+
     async def release_accelerator(self) -> None:
-        if self.device == "cuda":
-            await self._run(self._move, "cpu")
-        else:
-            # On CPU the training child shares our RAM: drop the weights (the next request or
-            # `reacquire_accelerator` reloads them, with every adapter) and hand the freed heap,
-            # generation buffers included, back to the OS before the child starts.
-            await self._run(self._drop_weights)
+        async with self._exclusive():
+            if self.device == "cuda":
+                await self._run(self._move, "cpu")
+            else:
+                # On CPU the training child shares our RAM: drop the weights (the next request
+                # or `reacquire_accelerator` reloads them, with every adapter) and hand the
+                # freed heap, generation buffers included, back to the OS before it starts.
+                await self._run(self._drop_weights)
 
     async def reacquire_accelerator(self) -> None:
-        if self.device == "cuda":
-            await self._run(self._move, "cuda")
-        else:
-            await self._run(self._ensure_weights)
+        async with self._exclusive():
+            if self.device == "cuda":
+                await self._run(self._move, "cuda")
+            else:
+                await self._run(self._ensure_weights)
 
     @property
     def weights_loaded(self) -> bool:
@@ -198,7 +225,8 @@ class TransformersEngine:
     async def unload_adapter(self, name: str) -> None:
         if name not in self._adapters and name not in self._full:
             raise AdapterError(f"no adapter named {name!r} is loaded")
-        await self._run(self._unload, name)
+        async with self._exclusive():
+            await self._run(self._unload, name)
 
     def _unload(self, name: str) -> None:
         self._ensure_weights()
@@ -217,109 +245,108 @@ class TransformersEngine:
     async def chat(self, request: ChatRequest) -> list[ChatChoice]:
         if request.model not in self.models():
             raise AdapterError(f"model {request.model!r} is not loaded")
-        future = asyncio.get_running_loop().create_future()
-        await self._queue.put((request, future))
-        return await future
-
-    async def _settle(self, step: float = 0.01, limit: float = 0.1) -> None:
-        """Wait while requests keep arriving (at most `limit` seconds).
-
-        A client sends a tree level's requests together, but the HTTP server parses them over
-        some milliseconds; without this pause the first `generate` call would take only the
-        first few and the rest would wait for it to finish.
-        """
-        waited, size = 0.0, self._queue.qsize()
-        while waited < limit:
-            await asyncio.sleep(step)
-            waited += step
-            if self._queue.qsize() == size:
-                return
-            size = self._queue.qsize()
-
-    async def _serve(self) -> None:
-        """Take everything pending, run it in compatible groups, answer each caller."""
-        while True:
-            batch = [await self._queue.get()]
-            await self._settle()
-            while not self._queue.empty() and len(batch) < self.max_batch:
-                batch.append(self._queue.get_nowait())
-            for group in _chunks(
-                _groups(batch),
-                self.max_sequences,
-                self.max_batch_tokens,
-                self._prompt_length,
-                self.default_max_tokens,
-            ):
-                try:
-                    started = time.perf_counter()
-                    results = await self._run(self._generate, [r for r, _ in group])
-                    log.info(
-                        "generate: %d requests, %d sequences, %.1f s",
-                        len(group),
-                        sum(r.n for r, _ in group),
-                        time.perf_counter() - started,
-                    )
-                except Exception as exc:  # answer every caller, keep serving
-                    for _, future in group:
-                        if not future.done():
-                            future.set_exception(exc)
-                    continue
-                for (_, future), choices in zip(group, results, strict=True):
-                    if not future.done():
-                        future.set_result(choices)
-
-    def _prompt_text(self, request: ChatRequest, tokenizer=None) -> str:
-        return (tokenizer or self.tokenizer).apply_chat_template(
+        text = self.counting_tokenizer.apply_chat_template(
             request.messages, add_generation_prompt=True, tokenize=False
         )
+        prompt = self.counting_tokenizer(text, add_special_tokens=False)["input_ids"]
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append(
+            Job(request, future, prompt, time.monotonic(), self.default_max_tokens)
+        )
+        self._wake.set()
+        return await future
 
-    def _prompt_length(self, request: ChatRequest) -> int:
-        """Prompt tokens of a request, counted on the event-loop thread (for batch packing)."""
-        return self.count_tokens(self._prompt_text(request, self.counting_tokenizer))
+    async def _serve(self) -> None:
+        """Start a batch whenever requests wait (and no change of weights does)."""
+        while True:
+            if not self._pending or self._exclusive_waiting:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            await settle(lambda: len(self._pending))
+            async with self._idle:
+                await self._run_batch()
 
-    def _generate(self, requests: list[ChatRequest]) -> list[list[ChatChoice]]:
+    async def _run_batch(self) -> None:
+        """Advance the batch a step at a time until it drains, admitting requests between
+        steps, and answer each caller as its last sequence finishes."""
+        self._fail_unserved()
+        if not self._pending:
+            return
+        self._batch_model, started, served = self._pending[0].request.model, time.monotonic(), 0
+        while True:
+            jobs = self._admit()
+            served += len(jobs)
+            if not jobs and not self._load_now.rows:
+                break
+            try:
+                finished, self._load_now = await self._run(self._advance, jobs, self._batch_model)
+            except Exception as exc:  # answer every caller in the batch, keep serving
+                self._batch = None  # the worker is idle: it raised
+                self._load_now, failed, self._in_flight = Load(), self._in_flight, []
+                for job in failed:
+                    if not job.future.done():
+                        job.future.set_exception(exc)
+                return
+            self._deliver(finished)
+        log.info("batch of %s: %d requests, %.1f s", self._batch_model, served,
+                 time.monotonic() - started)  # fmt: skip
+
+    def _fail_unserved(self) -> None:
+        """Answer the waiting requests whose model was unloaded meanwhile with an error."""
+        for job in [j for j in self._pending if j.request.model not in self.models()]:
+            self._pending.remove(job)
+            if not job.future.done():
+                job.future.set_exception(AdapterError(f"model {job.request.model!r} is unloaded"))
+
+    def _admit(self) -> list[Job]:
+        """The waiting jobs that join the batch now (none while a change of weights waits)."""
+        if self._exclusive_waiting or not self._pending:
+            return []
+        self._fail_unserved()
+        jobs = candidates(self._pending, self._batch_model)
+        sizes = [(job.samples, len(job.prompt), job.max_new) for job in jobs]
+        chosen = jobs[: admitted(sizes, self._load_now, self.max_sequences, self.max_batch_tokens)]
+        taken = {id(job) for job in chosen}
+        self._pending = [job for job in self._pending if id(job) not in taken]
+        for job in chosen:
+            job.choices = [None] * job.samples
+        self._in_flight += chosen
+        return chosen
+
+    def _deliver(self, finished: list[tuple[Job, int, ChatChoice]]) -> None:
+        for job in completed(finished):
+            self._in_flight.remove(job)
+            if not job.future.done():
+                job.future.set_result(job.answers())
+
+    def _advance(self, jobs: list[Job], name: str) -> tuple[list, Load]:
+        """One decode step of the running batch, then the prefill (and first token) of the
+        jobs joining it: the sequences that finished, and the batch's new size."""
         import torch
 
-        first = requests[0]
         self._ensure_weights()
-        model = self._select(first.model)
-        texts = [self._prompt_text(r) for r in requests]
-        distinct = {text: i for i, text in enumerate(dict.fromkeys(texts))}
-        greedy = first.temperature == 0
-        samples = 1 if greedy else first.n
-        # Sequence -> its distinct prompt: the n samples of a request, and identical prompts
-        # of several requests (an evaluation's repeated episodes), share one prefill.
-        rows = torch.tensor([distinct[t] for t in texts for _ in range(samples)])
-        inputs = self.tokenizer(
-            list(distinct), return_tensors="pt", padding=True, add_special_tokens=False
-        ).to(self.device)
-        kwargs = _sampling_kwargs(first, greedy, 1, self.default_max_tokens)
-        if not greedy:  # each sequence samples from its own seeded stream (see SeededSampler)
-            kwargs = _greedy_kwargs(kwargs) | {
-                "logits_processor": [
-                    SeededSampler(
-                        sequence_seeds(requests, samples),
-                        temperature=first.temperature or 1.0,
-                        top_p=first.top_p or 1.0,
-                    )
-                ]
-            }
-        with torch.inference_mode(), self._adapter_scope(model, first.model):
-            output = generate_with_shared_prompts(
-                model,
-                inputs["input_ids"],
-                inputs["attention_mask"],
-                rows.to(self.device),
-                pad_token_id=self.tokenizer.pad_token_id,
-                **kwargs,
-            )
-        new_tokens = output[:, inputs["input_ids"].shape[1] :]
-        choices = [self._choice(row) for row in new_tokens]
-        per_request = [choices[i * samples : (i + 1) * samples] for i in range(len(requests))]
-        return [
-            answers * (r.n if greedy else 1)
-            for answers, r in zip(per_request, requests, strict=True)
-        ]
+        model = self._select(name)
+        finished: list[tuple[Job, int, ChatChoice]] = []
+        with torch.inference_mode(), self._adapter_scope(model, name):
+            if self._batch is not None and self._batch.size:
+                tokens = hf_decode.sample(self._batch, hf_decode.decode(model, self._batch))
+                self._batch, ended = hf_decode.retire(
+                    self._batch, tokens, self._stops, self._choice
+                )
+                finished += ended
+            jobs = sorted(jobs, key=lambda job: len(job.prompt))  # less padding per prefill
+            budget = min(self.max_batch_tokens, PREFILL_TOKENS)
+            pad, device = self.tokenizer.pad_token_id, self.device
+            for group in prefill_groups([len(job.prompt) for job in jobs], budget):
+                fresh, logits = hf_decode.start(model, [jobs[i] for i in group], pad, device)
+                tokens = hf_decode.sample(fresh, logits)
+                fresh, ended = hf_decode.retire(fresh, tokens, self._stops, self._choice)
+                self._batch, finished = hf_decode.merge(self._batch, fresh, pad), finished + ended
+        batch = self._batch
+        if batch is None or not batch.size:
+            return finished, Load()
+        return finished, Load(batch.size, batch.width, batch.remaining())
 
     async def score(self, model: str, conversations: list[list[dict]]) -> list[tuple[float, int]]:
         """(log-probability, tokens) of each conversation's last message under `model`."""
@@ -335,7 +362,9 @@ class TransformersEngine:
         self._ensure_weights()
         model = self._select(name)
         with torch.inference_mode(), self._adapter_scope(model, name):
-            return message_logprobs(model, self.tokenizer, conversations, self.device)
+            return message_logprobs(
+                model, self.tokenizer, conversations, self.device, self.max_batch_tokens
+            )
 
     def _select(self, name: str):
         return self._full.get(name, self.model)
@@ -351,10 +380,8 @@ class TransformersEngine:
             return model.disable_adapter()
         return nullcontext()
 
-    def _choice(self, tokens) -> ChatChoice:
-        ids = tokens.tolist()
-        stops = _stop_ids(self.tokenizer)
-        end = next((i for i, t in enumerate(ids) if t in stops), None)
+    def _choice(self, ids: list[int]) -> ChatChoice:
+        end = next((i for i, t in enumerate(ids) if t in self._stops), None)
         if end is None:
             return ChatChoice(self.tokenizer.decode(ids, skip_special_tokens=True), "length")
         return ChatChoice(self.tokenizer.decode(ids[:end], skip_special_tokens=True), "stop")
