@@ -9,6 +9,7 @@ from __future__ import annotations
 from prefect import task
 
 from nip_core.malt import dataset_export as export
+from nip_core.malt import verifier_rows
 from nip_core.malt.rollout_tree import batch_items
 from nip_core.run.artifacts import RunPaths, jsonl_bytes, read_parquet, write_bytes, write_parquet
 from nip_core.run.iteration_context import IterationContext
@@ -49,7 +50,7 @@ def export_datasets(paths: RunPaths, context: IterationContext) -> dict:
                     hp.seed,
                 )
                 if hp.pure_text_malt.balance_verifier_by_label:
-                    rows = export.balance_verifier_rollouts(
+                    rows = verifier_rows.balance_verifier_rollouts(
                         rows,
                         context.protocol.verifier_name,
                         {item.datapoint.id: item.datapoint.y for item in items.values()},
@@ -60,7 +61,7 @@ def export_datasets(paths: RunPaths, context: IterationContext) -> dict:
                 table, jsonl = export.sft_table(rows), export.sft_openai_jsonl(rows)
             else:
                 kind = "dpo"
-                rows = export.verifier_signal_rows(
+                rows = verifier_rows.verifier_signal_rows(
                     nodes, pairs, ctx, agents, hp.pure_text_malt, hp.text_rl, hp.seed
                 )
                 if not context.agent_params[agents[0]].shuffle_training_data:

@@ -13,7 +13,7 @@ import pytest
 from nip_core.agents import DummyChatClient, training_conversation
 from nip_core.episode import Datapoint
 from nip_core.malt import dataset_export as export
-from nip_core.malt import schemas
+from nip_core.malt import schemas, verifier_rows
 from nip_core.malt.rollout_tree import BatchItem, grow_trees, history, turns_by_node
 from nip_core.malt.tree_values import pairs_table, rewards_table
 from nip_core.model_api.chat_format import fold_speaker_names, openai_messages
@@ -357,7 +357,7 @@ def test_malt_guess_replaced_pairs_prefer_the_true_verdict(solo_tree):
     leaves = export.leaf_indices(solo_tree.nodes)
     assert len(leaves) == 30  # 10 episodes x 3 sampled verdicts
     none = TextRlParameters(verifier_guess_replacement_proportion=0.0)
-    assert export.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, none, 1) == []
+    assert verifier_rows.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, none, 1) == []
     y_of = {it.datapoint.id: it.datapoint.y for it in solo_tree.items}
     # one pair per distinct chat: the 3 sampled verdicts of an episode share theirs
     accepts = sum(y_of[solo_tree.items[i].datapoint.id] for i in range(10))
@@ -367,13 +367,13 @@ def test_malt_guess_replaced_pairs_prefer_the_true_verdict(solo_tree):
         return collections.Counter(r["chosen"][0]["content"] for r in rows)
 
     half = TextRlParameters(verifier_guess_replacement_proportion=0.5)
-    rows = export.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, half, 1)
+    rows = verifier_rows.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, half, 1)
     each = min(5 // 2, accepts, 10 - accepts)  # half the share per label, as far as it goes
     assert chosen_counts(rows) == {"Decision: accept": each, "Decision: reject": each}
-    assert rows == export.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, half, 1)
-    assert rows != export.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, half, 2)
+    assert rows == verifier_rows.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, half, 1)
+    assert rows != verifier_rows.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, half, 2)
     every = TextRlParameters(verifier_guess_replacement_proportion=1.0)
-    all_rows = export.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, every, 1)
+    all_rows = verifier_rows.guess_replaced_pairs(solo_tree.nodes, solo_tree.export, every, 1)
     each = min(accepts, 10 - accepts)  # balanced: the rarer label sets the count
     assert chosen_counts(all_rows) == {"Decision: accept": each, "Decision: reject": each}
     assert len({r["datapoint_id"] for r in all_rows}) == len(all_rows)  # no duplicate pair

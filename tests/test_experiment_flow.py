@@ -160,7 +160,14 @@ def test_seeds_run_every_arm_and_a_rerun_skips_finished_seeds(prefect_harness, t
     config = dict(
         CONFIG,
         text_rl={"verifier_guess_replacement_proportion": 1.0},
-        experiment=dict(CONFIG["experiment"], iterations=1, arms={"shuffled_labels": {}}),
+        pure_text_malt=dict(
+            CONFIG.get("pure_text_malt", {}), verifier_training_signal="label_pairs"
+        ),
+        experiment=dict(
+            CONFIG["experiment"],
+            iterations=1,
+            arms={"shuffled_label_pairs": {"text_rl.shuffle_training_labels": True}},
+        ),
     )
     args = ["--config", write_config(tmp_path, config), "--artifacts-root", str(tmp_path)]
     args += ["--run-name", "seeds", "--no-wandb", "--set", "experiment.seeds=[11, 5]"]
@@ -171,10 +178,10 @@ def test_seeds_run_every_arm_and_a_rerun_skips_finished_seeds(prefect_harness, t
     assert sorted(experiment["seed"].unique()) == [5, 11]
     per_seed = summary[summary.scope == "seed"]
     assert sorted(per_seed["seed"].unique()) == [5, 11]
-    across = summary[(summary.scope == "across_seeds") & (summary.arm == "shuffled_labels")]
+    across = summary[(summary.scope == "across_seeds") & (summary.arm == "shuffled_label_pairs")]
     assert across["seeds"].tolist() == [2, 2] and across["seed"].isna().all()
     # the control arm trained on permuted labels: its DPO label pairs disagree with the truth
-    export = folder / "seeds" / "5" / "arms" / "shuffled_labels" / "iterations" / "0000"
+    export = folder / "seeds" / "5" / "arms" / "shuffled_label_pairs" / "iterations" / "0000"
     pairs = pd.read_parquet(export / "datasets" / "dpo" / "verifier.parquet")
     pairs = pairs[pairs["guess_replaced"]]
     truth = load_split_labels(5)

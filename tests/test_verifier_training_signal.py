@@ -17,6 +17,7 @@ from nip_core.agents.call_journal import read_journal
 from nip_core.episode import Datapoint
 from nip_core.experiment.config import builtin_overrides
 from nip_core.malt import dataset_export as export
+from nip_core.malt import verifier_rows
 from nip_core.malt.rollout_tree import BatchItem, history, turns_by_node
 from nip_core.malt.tree_values import balance_pairs_by_label, label_balanced_mask, rewards_table
 from nip_core.parameters import HyperParameters, apply_overrides
@@ -204,7 +205,7 @@ def test_warm_start_rows_are_the_verifiers_own_rewarded_replies_balanced_by_labe
     y_of = {it.datapoint.id: it.datapoint.y for it in items}
     by_label = [sum(y_of[r["datapoint_id"]] == y for r in rows) for y in (0, 1)]
     assert 0 < by_label[0] < by_label[1], "the fixture needs rewarded rows of both labels"
-    balanced = export.balance_verifier_rollouts(rows, "verifier", y_of, seed=2)
+    balanced = verifier_rows.balance_verifier_rollouts(rows, "verifier", y_of, seed=2)
     assert [sum(y_of[r["datapoint_id"]] == y for r in balanced) for y in (0, 1)] == [
         by_label[0],
         by_label[0],
@@ -232,7 +233,7 @@ def test_verifier_signal_rows_pick_the_named_source():
 
     def rows(signal):
         malt = replace(hp.pure_text_malt, verifier_training_signal=signal)
-        return export.verifier_signal_rows(
+        return verifier_rows.verifier_signal_rows(
             tree.nodes, pairs, tree.export, ["verifier"], malt, hp.text_rl, 1
         )
 
