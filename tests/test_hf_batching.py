@@ -180,3 +180,34 @@ async def _scores(model_dir) -> None:
 @pytest.mark.slow
 def test_batched_scoring_equals_scoring_each_conversation_alone(tiny):
     asyncio.run(_scores(tiny))
+
+
+async def _failures(model_dir, monkeypatch) -> None:
+    from nip_core.lm_server.engines import hf_decode
+    from nip_core.lm_server.engines.hf import TransformersEngine
+
+    start, calls = hf_decode.start, []
+
+    def failing_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("out of memory")
+        return start(*args, **kwargs)
+
+    monkeypatch.setattr(hf_decode, "start", failing_once)
+    engine = TransformersEngine(str(model_dir))
+    await engine.start()
+    try:
+        with pytest.raises(RuntimeError, match="out of memory"):
+            await engine.chat(_request(model_dir, "first", 1))
+        (answer,) = await engine.chat(_request(model_dir, "second", 2))  # still serving
+        assert answer.finish_reason in ("stop", "length")
+        with pytest.raises(ValueError, match="not loaded"):
+            await engine.chat(_request("no-such-model", "third", 3))
+    finally:
+        await engine.stop()
+
+
+@pytest.mark.slow
+def test_a_failed_step_answers_its_callers_with_the_error_and_serving_goes_on(tiny, monkeypatch):
+    asyncio.run(_failures(tiny, monkeypatch))

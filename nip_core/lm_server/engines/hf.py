@@ -265,7 +265,14 @@ class TransformersEngine:
                 continue
             await settle(lambda: len(self._pending))
             async with self._idle:
-                await self._run_batch()
+                try:
+                    await self._run_batch()
+                except Exception as exc:  # answer every caller in the batch, keep serving
+                    self._batch, self._load_now = None, Load()  # the worker raised: it is idle
+                    failed, self._in_flight = self._in_flight, []
+                    for job in failed:
+                        if not job.future.done():
+                            job.future.set_exception(exc)
 
     async def _run_batch(self) -> None:
         """Advance the batch a step at a time until it drains, admitting requests between
@@ -279,15 +286,7 @@ class TransformersEngine:
             served += len(jobs)
             if not jobs and not self._load_now.rows:
                 break
-            try:
-                finished, self._load_now = await self._run(self._advance, jobs, self._batch_model)
-            except Exception as exc:  # answer every caller in the batch, keep serving
-                self._batch = None  # the worker is idle: it raised
-                self._load_now, failed, self._in_flight = Load(), self._in_flight, []
-                for job in failed:
-                    if not job.future.done():
-                        job.future.set_exception(exc)
-                return
+            finished, self._load_now = await self._run(self._advance, jobs, self._batch_model)
             self._deliver(finished)
         log.info("batch of %s: %d requests, %.1f s", self._batch_model, served,
                  time.monotonic() - started)  # fmt: skip
@@ -301,6 +300,7 @@ class TransformersEngine:
 
     def _admit(self) -> list[Job]:
         """The waiting jobs that join the batch now (none while a change of weights waits)."""
+        self._pending = [job for job in self._pending if not job.future.done()]  # hung up
         if self._exclusive_waiting or not self._pending:
             return []
         self._fail_unserved()
@@ -328,23 +328,23 @@ class TransformersEngine:
         self._ensure_weights()
         model = self._select(name)
         finished: list[tuple[Job, int, ChatChoice]] = []
+        batch, stops, answer = self._batch, self._stops, self._choice
         with torch.inference_mode(), self._adapter_scope(model, name):
-            if self._batch is not None and self._batch.size:
-                tokens = hf_decode.sample(self._batch, hf_decode.decode(model, self._batch))
-                self._batch, ended = hf_decode.retire(
-                    self._batch, tokens, self._stops, self._choice
-                )
-                finished += ended
+            if batch is not None and batch.size:
+                tokens = hf_decode.sample(batch, hf_decode.decode(model, batch))
+                # With newcomers, drop every answered row before their merge copies the cache.
+                share = 0 if jobs else hf_decode.COMPACT_SHARE
+                batch, finished = hf_decode.retire(batch, tokens, stops, answer, share)
             jobs = sorted(jobs, key=lambda job: len(job.prompt))  # less padding per prefill
             budget = min(self.max_batch_tokens, PREFILL_TOKENS)
             pad, device = self.tokenizer.pad_token_id, self.device
             for group in prefill_groups([len(job.prompt) for job in jobs], budget):
                 fresh, logits = hf_decode.start(model, [jobs[i] for i in group], pad, device)
                 tokens = hf_decode.sample(fresh, logits)
-                fresh, ended = hf_decode.retire(fresh, tokens, self._stops, self._choice)
-                self._batch, finished = hf_decode.merge(self._batch, fresh, pad), finished + ended
-        batch = self._batch
-        if batch is None or not batch.size:
+                fresh, ended = hf_decode.retire(fresh, tokens, stops, answer, share=0)
+                batch, finished = hf_decode.merge(batch, fresh, pad), finished + ended
+        self._batch = batch if batch is not None and batch.size else None
+        if self._batch is None:
             return finished, Load()
         return finished, Load(batch.size, batch.width, batch.remaining())
 
