@@ -27,6 +27,7 @@ from nip_core.lm_server.engines.hf_batching import Job, sequence_settings
 if TYPE_CHECKING:
     import torch
 
+COMPACT_SHARE = 1 / 8
 ROW_TENSORS = ("seed_low", "seed_high", "step", "temperature", "top_p", "penalty", "length", "last")
 
 
@@ -41,6 +42,7 @@ class Sequence:
     top_p: float
     penalty: float
     tokens: list[int] = field(default_factory=list)
+    done: bool = False  # answered; its row stays until the batch is compacted
 
 
 @dataclass
@@ -65,7 +67,10 @@ class Batch:
 
     def remaining(self) -> int:
         """The most new tokens any sequence may still sample."""
-        return max((s.max_new - len(s.tokens) for s in self.sequences), default=0)
+        return max((s.max_new - len(s.tokens) for s in self.sequences if not s.done), default=0)
+
+    def live(self) -> list[int]:
+        return [i for i, s in enumerate(self.sequences) if not s.done]
 
 
 def cache_keyword(model) -> str:
@@ -170,6 +175,8 @@ def merge(first: Batch | None, second: Batch, pad_id: int) -> Batch:
 
     if first is None or first.size == 0:
         return second
+    if second.size == 0:
+        return first
     if not (plain_layers(first.cache) and plain_layers(second.cache)):
         raise ValueError("this model's cache cannot be joined along its length")
     width = max(first.width, second.width)
@@ -245,15 +252,34 @@ def start(model, jobs: list[Job], pad_id: int, device) -> tuple[Batch, torch.Ten
 
 
 def retire(
-    batch: Batch, tokens: list[int], stops: set[int], answer: Callable[[list[int]], Any]
+    batch: Batch,
+    tokens: list[int],
+    stops: set[int],
+    answer: Callable[[list[int]], Any],
+    share: float = COMPACT_SHARE,
 ) -> tuple[Batch, list[tuple[Any, int, Any]]]:
-    """Append each sequence's new token; the batch without those that ended (a stop token, or
-    their `max_new` tokens reached), and (owner, sample, answer(tokens)) of each of those."""
-    alive, finished = [], []
-    for i, (sequence, token) in enumerate(zip(batch.sequences, tokens, strict=True)):
+    """Append each live sequence's new token; the batch, compacted (`compact`) once enough
+    have ended (a stop token, or their `max_new` tokens reached), and (owner, sample,
+    answer(tokens)) of each sequence that ended now."""
+    finished = []
+    for sequence, token in zip(batch.sequences, tokens, strict=True):
+        if sequence.done:
+            continue
         sequence.tokens.append(token)
         if token in stops or len(sequence.tokens) >= sequence.max_new:
+            sequence.done = True
             finished.append((sequence.owner, sequence.sample, answer(sequence.tokens)))
-        else:
-            alive.append(i)
-    return keep(batch, alive), finished
+    return compact(batch, share), finished
+
+
+def compact(batch: Batch, share: float = COMPACT_SHARE) -> Batch:
+    """The batch without its answered rows once they are at least `share` of it (0: any).
+
+    Dropping rows copies the whole cache, as much as a decode step's own append does, so a
+    batch whose rows end one by one carries a few answered rows (decoded, ignored) rather
+    than copying its cache at every step."""
+    live = batch.live()
+    ended = batch.size - len(live)
+    if ended and (not live or ended >= share * batch.size):
+        return keep(batch, live)
+    return batch
