@@ -265,11 +265,11 @@ class VllmEngine:
 
     async def score(self, model: str, conversations: list[list[dict]]) -> list[tuple[float, int]]:
         """(log-probability, tokens) of each conversation's last message under `model`."""
-        from nip_core.lm_server.engines.vllm.scoring import message_logprobs
+        from nip_core.lm_server.engines.vllm.scoring import vllm_message_logprobs
 
         async with self._serving(model) as instance:
             name = instance.launch_name if self.lora_mode == "merge" else model
-            return await message_logprobs(instance, name, conversations)
+            return await vllm_message_logprobs(instance, name, conversations)
 
     def count_tokens(self, text: str) -> int:
         """Tokens of `text` under the base model's tokenizer (`tokenizer.json`, read with the

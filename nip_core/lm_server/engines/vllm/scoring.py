@@ -50,7 +50,7 @@ async def _json(instance: VllmInstance, route: str, body: dict[str, Any]) -> dic
     return response.json()
 
 
-async def message_logprobs(
+async def vllm_message_logprobs(
     instance: VllmInstance, model: str, conversations: Sequence[list[dict]]
 ) -> list[tuple[float, int]]:
     """(sum of token log-probabilities, token count) of each conversation's last message, in
