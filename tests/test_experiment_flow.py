@@ -47,7 +47,13 @@ def digests(folder: Path) -> dict[str, str]:
 
 
 def test_two_arms_two_iterations_write_the_documented_files(prefect_harness, tmp_path, capsys):
-    args = ["--config", write_config(tmp_path, CONFIG), "--artifacts-root", str(tmp_path)]
+    """`malt_all_pairs` stops after one of the experiment's two iterations (`rl.num_iterations`)."""
+    arms = {
+        "malt": {},
+        "malt_all_pairs": {"pure_text_malt.pairs_per_parent": "all", "rl.num_iterations": 1},
+    }
+    config = dict(CONFIG, experiment=dict(CONFIG["experiment"], arms=arms))
+    args = ["--config", write_config(tmp_path, config), "--artifacts-root", str(tmp_path)]
     assert experiment_main([*args, "--run-name", "exp", "--no-wandb"]) == 0
     out = capsys.readouterr().out
     folder = tmp_path / "exp"
@@ -62,13 +68,14 @@ def test_two_arms_two_iterations_write_the_documented_files(prefect_harness, tmp
     summary = pd.read_parquet(folder / "summary.parquet")
     assert list(experiment.columns) == list(EXPERIMENT_COLUMNS)
     assert list(summary.columns[: len(SUMMARY_COLUMNS)]) == list(SUMMARY_COLUMNS)
-    # 10 test datapoints x 2 samples per (arm, iteration): base, 3 reference arms, 2 arms x 2
-    assert len(experiment) == 20 * 8
+    # 10 test datapoints x 2 samples per (arm, iteration): base, 3 reference arms, 2 + 1 trained
+    assert len(experiment) == 20 * 7
     assert set(experiment["sample"]) == {0, 1} and set(experiment["seed"]) == {11}
+    assert not (seed / "arms" / "malt_all_pairs" / "iterations" / "0001").exists()
     references = [[arm, 0] for arm in REFERENCE_ARMS]
-    trained = [[arm, it] for arm in ("malt", "malt_all_pairs") for it in (0, 1, 2)]
+    trained = [["malt", it] for it in (0, 1, 2)] + [["malt_all_pairs", it] for it in (0, 1)]
     assert summary[["arm", "iteration"]].values.tolist() == (references + trained) * 2
-    assert summary["scope"].tolist() == ["seed"] * 9 + ["across_seeds"] * 9
+    assert summary["scope"].tolist() == ["seed"] * 8 + ["across_seeds"] * 8
     for row in summary[summary.scope == "seed"].itertuples():
         arm = "base" if row.iteration == 0 and row.arm not in REFERENCE_ARMS else row.arm
         rows = experiment[(experiment.arm == arm) & (experiment.iteration == row.iteration)]
@@ -105,6 +112,7 @@ def test_an_invalid_arm_override_fails_before_anything_runs(tmp_path, capsys):
         ("experiment.arms.malt=1", "experiment.arms.malt must be a mapping"),
         ("experiment.nope=1", "not a settable field"),
         ("experiment.parallel_seeds=0", "experiment.parallel_seeds"),
+        ("experiment.arms.malt={rl.num_iterations: 3}", "an arm may run fewer, not more"),
     ],
 )
 def test_bad_experiment_settings_fail_with_one_line(tmp_path, capsys, override, needle):
