@@ -190,6 +190,7 @@ VLLM_OVERRIDES = [
     # MALT's guess-replaced pairs ("Decision: <true>" over "<false>") on every verifier rollout:
     # a DPO job to train whatever the sampled verdicts were.
     "text_rl.verifier_guess_replacement_proportion=1.0",
+    "pure_text_malt.verifier_training_signal=sampled_and_label_pairs",
     "text_rl.switch_guard=true",
     "text_rl.switch_guard_episodes=2",
 ]

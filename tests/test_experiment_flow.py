@@ -71,7 +71,7 @@ def test_two_arms_two_iterations_write_the_documented_files(prefect_harness, tmp
     # 10 test datapoints x 2 samples per (arm, iteration): base, 3 reference arms, 2 + 1 trained
     assert len(experiment) == 20 * 7
     assert set(experiment["sample"]) == {0, 1} and set(experiment["seed"]) == {11}
-    assert not (seed / "arms" / "malt_all_pairs" / "iterations" / "0001").exists()
+    assert not (seed / "arms" / "malt_all_pairs" / "iterations" / "0002").exists()
     references = [[arm, 0] for arm in REFERENCE_ARMS]
     trained = [["malt", it] for it in (0, 1, 2)] + [["malt_all_pairs", it] for it in (0, 1)]
     assert summary[["arm", "iteration"]].values.tolist() == (references + trained) * 2
