@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from typing import Any
 
@@ -120,6 +121,19 @@ def hyper_params(draw) -> HyperParameters:
     if "prover" in names and ("prover0" in names or "prover1" in names):
         names.remove("prover")
     rl = draw(simple(RlTrainerParameters, num_iterations=st.integers(5, 50)))
+    text_rl = draw(
+        simple(
+            TextRlParameters,
+            validation_fraction=st.floats(1e-6, 1, exclude_max=True),
+            switch_guard_max_verdict_share=st.none() | st.floats(0.5, 1, exclude_min=True),
+        )
+    )
+    malt = draw(MALT)
+    # The signal names what the label share writes (`validation.check_training_signal`).
+    labels = text_rl.verifier_guess_replacement_proportion > 0
+    if labels != malt.trains_on_label_pairs:
+        signal = "sampled_and_label_pairs" if labels else "sampled_pairs"
+        malt = dataclasses.replace(malt, verifier_training_signal=signal)
     return HyperParameters(
         scenario="code_validation",
         trainer=draw(st.sampled_from(["pure_text_ei", "pure_text_malt"])),
@@ -131,15 +145,9 @@ def hyper_params(draw) -> HyperParameters:
         test_size=draw(st.floats(0.0, 1.0)),
         agents=AgentsParameters({name: draw(agents()) for name in names}),
         rl=rl,
-        text_rl=draw(
-            simple(
-                TextRlParameters,
-                validation_fraction=st.floats(1e-6, 1, exclude_max=True),
-                switch_guard_max_verdict_share=st.none() | st.floats(0.5, 1, exclude_min=True),
-            )
-        ),
+        text_rl=text_rl,
         pure_text_ei=draw(EI),
-        pure_text_malt=draw(MALT),
+        pure_text_malt=malt,
         code_validation=draw(simple(CodeValidationParameters)),
         dataset_options=draw(simple(DatasetParameters)),
         protocol_common=draw(COMMON),
