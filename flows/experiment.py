@@ -158,7 +158,6 @@ def run_arm(
 def run_seed(spec: Experiment, seed: int, experiment_root: str, use_wandb: bool) -> SeedResult:
     """The base evaluation and every arm for one seed; (experiment rows, training, timings)."""
     split, iterations = spec.settings.evaluation_split, spec.settings.iterations
-    arm_iterations = {arm: hp.rl.num_iterations for arm, hp in spec.arms.items()}
     seed_root = f"{experiment_root}/seeds/{seed}"
     base, arms_root = with_seed(spec.base, seed), f"{seed_root}/arms"
     arm_paths = {}
@@ -174,7 +173,7 @@ def run_seed(spec: Experiment, seed: int, experiment_root: str, use_wandb: bool)
     frames = [base_rows, reference_arm_rows(base, base_rows, split)] + [
         evaluation_rows(paths, arm, it, split, seed)
         for arm, paths in arm_paths.items()
-        for it in range(1, arm_iterations[arm] + 1)
+        for it in range(1, spec.arms[arm].rl.num_iterations + 1)
     ]
     training = training_table(arm_paths, seed, iterations)
     return pd.concat(frames, ignore_index=True), training, timings_table(arm_paths, seed)
