@@ -308,7 +308,6 @@ def main() -> int:
     targets = VLLM_TARGETS if args.engine == "vllm" else TARGETS
     work = args.work or Path(tempfile.mkdtemp(prefix="server-kill-soak-"))
     env = soak_env(work, {"NIP_LM_SERVER_ENGINE": args.engine})
-    env.pop("NIP_LM_SERVER_URL", None)
     port = free_port()
     overrides = [f"agents._default.language_model_server_port={port}"]
     if args.engine == "vllm":

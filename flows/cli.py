@@ -22,7 +22,7 @@ import openai
 import yaml
 from pydantic import BaseModel, Field
 
-from flows.lm_server import lm_server_for
+from flows.lm_server import lm_server_for, served_context
 from nip_core.agents.chat_client import EndpointUnreachableError, ModelCallError
 from nip_core.agents.preflight import check_providers
 from nip_core.lm_server.launch import ServerHandle
@@ -121,9 +121,11 @@ class OpenRun:
     server: ServerHandle | None = None  # the self-hosted server the run uses, if any
 
     def context(self, iteration: int) -> IterationContext:
-        """The iteration's context, from the models the previous iteration switched to."""
+        """The iteration's context, from the models the previous iteration switched to; its
+        self-hosted clients go to the run's server."""
         models = previous_group_models(self.paths, iteration)
-        return build_context(self.hp, self.run_name, iteration, models)
+        context = build_context(self.hp, self.run_name, iteration, models)
+        return served_context(context, self.server.url if self.server else None)
 
     @contextlib.contextmanager
     def tracking(self, use_wandb: bool) -> Iterator[Tracker]:
@@ -143,16 +145,22 @@ def open_run(
     *,
     task_runner: TaskRunnerKind = "thread",
     task_runner_address: str | None = None,
+    inside: OpenRun | None = None,
+    server_url: str | None = None,
 ) -> Iterator[OpenRun]:
     """What every flow does first: lock the run folder (one writer at a time), check its stored
     configuration and prepare it, start the self-hosted server when the run needs one and
     nothing answers on its port, and `freeze_long_lived_objects`; undone in reverse afterwards
     (the server stops only if this started it). `root` None: `$NIP_ARTIFACTS_ROOT` or
-    ./artifacts."""
+    ./artifacts. `inside`: the open run this one runs within (an experiment's arm within its
+    seed's base run), whose server it uses; `server_url`: where to find or start the server
+    instead of the configured address (a seed in a worker process of its own)."""
     root = root or default_root()
+    outer = inside.server if inside is not None else None
     with lock_run_folder(RunPaths.open(root, run_name)):
         paths = prepare_run(hp, root, run_name)
-        with lm_server_for(paths, build_context(hp, run_name, 0)) as server:
+        first = served_context(build_context(hp, run_name, 0), server_url)
+        with lm_server_for(paths, first, outer) as server:
             freeze_long_lived_objects()
             yield OpenRun(hp, run_name, paths, task_runner, task_runner_address, server)
 

@@ -44,6 +44,7 @@ from prefect import flow, get_client, task
 from prefect.task_runners import ProcessPoolTaskRunner
 
 from flows.cli import (
+    OpenRun,
     RunSettings,
     all_overrides,
     check_run_providers,
@@ -53,10 +54,8 @@ from flows.cli import (
 )
 from flows.lm_server import server_engine, side_by_side_urls
 from flows.pipeline import iteration_subflow
-from nip_core.agents.clients import SERVER_URL_ENV
 from nip_core.experiment.arm_results import (
     evaluation_rows,
-    models_after,
     reference_arm_rows,
     score_verdicts,
 )
@@ -82,6 +81,7 @@ from nip_core.experiment.seed_outputs import (
     training_table,
 )
 from nip_core.lm_server.training import has_cuda
+from nip_core.malt.evaluation import format_metrics
 from nip_core.parameters import HyperParameters
 from nip_core.parameters.loading import apply_overrides, read_params_file
 from nip_core.run.artifacts import RunPaths, default_root
@@ -121,54 +121,54 @@ def resolve_experiment(config: str | None, overrides: list[str] | None) -> Exper
 
 
 def evaluate_iteration(
-    paths: RunPaths,
-    hp: HyperParameters,
-    name: str,
-    iteration: int,
-    split: str,
-    tracker: Tracker | None = None,
+    run: OpenRun, iteration: int, split: str, tracker: Tracker | None = None
 ) -> dict:
     """Evaluate the models of `iteration` (the base models for 0) on `split`, with the
     verifier's P(accept) per episode."""
-    context = build_context(hp, name, iteration, models_after(paths, iteration))
-    metrics = evaluate_task(paths, context, split)
-    score_verdicts(paths, context, split)
+    context = run.context(iteration)
+    metrics = evaluate_task(run.paths, context, split)
+    print(f"{run.run_name} iteration {iteration} {format_metrics(metrics)}")
+    score_verdicts(run.paths, context, split)
     if tracker is not None:
         log_evaluation(tracker, metrics, iteration)
     return metrics
 
 
-def run_arm(
-    paths: RunPaths, hp: HyperParameters, arm: str, settings: ExperimentSettings, use_wandb: bool
-) -> None:
+def run_arm(run: OpenRun, settings: ExperimentSettings, use_wandb: bool) -> None:
     """The arm's iterations (`rl.num_iterations`: the experiment's, unless the arm sets fewer),
     each followed by an evaluation of the models it switched to."""
-    tracker = open_tracker(paths, hp, arm, use_wandb)
+    tracker = open_tracker(run.paths, run.hp, run.run_name, use_wandb)
     try:
-        for iteration in range(hp.rl.num_iterations):
-            context = build_context(hp, arm, iteration, models_after(paths, iteration))
+        for iteration in range(run.hp.rl.num_iterations):
+            context = run.context(iteration)
             started = time.monotonic()
-            iteration_subflow(paths, context)
-            record_timing(paths, iteration, time.monotonic() - started)
-            evaluate_iteration(paths, hp, arm, iteration + 1, settings.evaluation_split, tracker)
+            iteration_subflow(run.paths, context)
+            record_timing(run.paths, iteration, time.monotonic() - started)
+            evaluate_iteration(run, iteration + 1, settings.evaluation_split, tracker)
     finally:
         tracker.finish()
 
 
-def run_seed(spec: Experiment, seed: int, experiment_root: str, use_wandb: bool) -> SeedResult:
-    """The base evaluation and every arm for one seed; (experiment rows, training, timings)."""
+def run_seed(
+    spec: Experiment,
+    seed: int,
+    experiment_root: str,
+    use_wandb: bool,
+    server_url: str | None = None,
+) -> SeedResult:
+    """The base evaluation and every arm for one seed; (experiment rows, training, timings).
+    `server_url`: the seed's own server (a worker process's), else the configured one."""
     split, iterations = spec.settings.evaluation_split, spec.settings.iterations
     seed_root = f"{experiment_root}/seeds/{seed}"
     base, arms_root = with_seed(spec.base, seed), f"{seed_root}/arms"
     arm_paths = {}
-    with open_run(base, seed_root, BASE_RUN) as opened:  # and the server, if needed
-        base_paths = opened.paths
-        evaluate_iteration(base_paths, base, BASE_RUN, 0, split)
+    with open_run(base, seed_root, BASE_RUN, server_url=server_url) as base_run:
+        base_paths = base_run.paths
+        evaluate_iteration(base_run, 0, split)
         for arm, arm_hp in spec.arms.items():
-            hp = with_seed(arm_hp, seed)
-            paths = arm_paths[arm] = RunPaths.open(arms_root, arm)
-            with open_run(hp, arms_root, arm):
-                run_arm(paths, hp, arm, spec.settings, use_wandb)
+            with open_run(with_seed(arm_hp, seed), arms_root, arm, inside=base_run) as arm_run:
+                arm_paths[arm] = arm_run.paths
+                run_arm(arm_run, spec.settings, use_wandb)
     base_rows = evaluation_rows(base_paths, BASE_RUN, 0, split, seed)
     frames = [base_rows, reference_arm_rows(base, base_rows, split)] + [
         evaluation_rows(paths, arm, it, split, seed)
@@ -205,13 +205,7 @@ def seed_in_worker(
 ) -> SeedResult:
     """One seed in a worker process, its server at `server_url` (None: the configured one);
     recorded here, so a finished seed survives whatever happens to the others."""
-    if server_url is not None:
-        os.environ[SERVER_URL_ENV] = server_url  # this worker's runs start and use it
-    try:
-        done = run_seed(spec, seed, experiment_root, use_wandb)
-    finally:
-        if server_url is not None:
-            os.environ.pop(SERVER_URL_ENV, None)
+    done = run_seed(spec, seed, experiment_root, use_wandb, server_url)
     record_seed(experiment_paths, seed, done)
     return done
 

@@ -4,9 +4,10 @@ Which agents are self-hosted, on which port, with which engine and flags is read
 run's agent settings; `nip_core.lm_server.launch` starts the process and `supervise` restarts
 it when it dies. The server's state goes under the run folder (`<run>/lm_server/`), and its
 `/health` names the run that owns it, so two runs never share one by accident: a run whose
-port answers with another run's server starts its own on a free port (and points its clients
-there through `NIP_LM_SERVER_URL`); `language_model_server_shared` shares one on purpose. A
-flow stops only a server it started itself (a shared one: never).
+port answers with another run's server starts its own on a free port (and its context points
+its clients there, `served_context`); `language_model_server_shared` shares one on purpose. A
+run opened inside another (an experiment's arm inside its seed's base run) is handed the outer
+run's server. A flow stops only a server it started itself (a shared one: never).
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from itertools import islice
 from pathlib import Path
 from urllib.parse import urlparse
 
 from nip_core.agents.chat_client import EndpointUnreachableError
-from nip_core.agents.clients import SERVER_URL_ENV, provider_of, self_hosted_url
+from nip_core.agents.clients import provider_of, self_hosted_url, served_at
 from nip_core.lm_server.launch import (
     ServerHandle,
     default_timeout,
@@ -39,24 +41,16 @@ ENGINE_ENV = "NIP_LM_SERVER_ENGINE"  # transformers | vllm | dummy; beats the co
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 log = logging.getLogger(__name__)
 SHARED_OWNER = "shared"  # the owner a shared server reports: any run may use it
-# Servers started (and supervised) by the `lm_server_for` blocks open in this process, by URL: a
-# run opened inside another run of the same invocation (an experiment's arms inside its seed's
-# base run) uses the outer run's server rather than starting a second one beside it.
-STARTED_HERE: dict[str, ServerHandle] = {}
 
 
 def self_hosted_agents(context: IterationContext) -> list:
     """The settings of the agents served by our server (the dummy API aside)."""
-    return [
-        params
-        for params in context.agent_params.values()
-        if provider_of(params).self_hosted and not params.use_dummy_api
-    ]
+    return [params for params in context.agent_params.values() if provider_of(params).self_hosted]
 
 
 def self_hosted_endpoint(context: IterationContext) -> tuple[str, str, int] | None:
     """(scheme://host, host, port) of the server the run needs, or None: the first self-hosted
-    agent's `self_hosted_url` (`$NIP_LM_SERVER_URL` when set, else its settings)."""
+    agent's `self_hosted_url`."""
     agents = self_hosted_agents(context)
     if not agents:
         return None
@@ -126,12 +120,6 @@ def ensure_lm_server(
     shared = first.language_model_server_shared
     state_dir = _state_dir(paths, port, shared)
     if identity is not None:
-        outer = STARTED_HERE.get(url)
-        if outer is not None and getattr(outer.process, "pid", None) == identity.get("pid"):
-            log.warning(
-                "using the server this invocation started at %s (%s)", url, _describe(identity)
-            )
-            return ServerHandle(url, None)
         if _usable_by_any_run(identity, shared):
             log.warning(
                 "using the server at %s (%s); this run will not stop it", url, _describe(identity)
@@ -235,44 +223,40 @@ def _free_port_pair(preferred: int, host: str = "127.0.0.1") -> int:
 
 
 @contextlib.contextmanager
-def lm_server_for(paths: RunPaths, context: IterationContext) -> Iterator[ServerHandle | None]:
-    """`ensure_lm_server` for the duration of a block: its URL is the one the run's clients use
-    (`NIP_LM_SERVER_URL` while it differs from the configured one); a server it started stops
-    afterwards."""
-    configured = self_hosted_endpoint(context)
+def lm_server_for(
+    paths: RunPaths, context: IterationContext, outer: ServerHandle | None = None
+) -> Iterator[ServerHandle | None]:
+    """The run's server for the duration of a block (`ensure_lm_server`; one it started stops
+    afterwards). `outer`: the server of the run this one is opened inside, used as it is and
+    left to that run."""
+    if outer is not None:
+        log.warning("using the server of the run this one is opened inside: %s", outer.url)
+        yield outer
+        return
     server = ensure_lm_server(paths, context)
-    previous = os.environ.get(SERVER_URL_ENV)
-    moved = (
-        server is not None
-        and configured is not None
-        and server.url != (f"{configured[0]}:{configured[2]}")
-    )
-    if moved:
-        os.environ[SERVER_URL_ENV] = server.url
-    started_here = isinstance(server, SupervisedServer) and server.process is not None
-    if started_here:
-        STARTED_HERE[server.url] = server
     try:
         yield server
     finally:
-        if moved:
-            if previous is None:
-                os.environ.pop(SERVER_URL_ENV, None)
-            else:
-                os.environ[SERVER_URL_ENV] = previous
-        if started_here:
-            del STARTED_HERE[server.url]
         if server is not None:
             server.stop()
+
+
+def served_context(context: IterationContext, url: str | None) -> IterationContext:
+    """`context` with its self-hosted agents' clients pointed at the server at `url` (None:
+    unchanged): the run's server session hands its endpoint to the clients the stages build."""
+    if url is None:
+        return context
+    served = {agent: served_at(params, url) for agent, params in context.agent_params.items()}
+    return replace(context, agent_params=served)
 
 
 def side_by_side_urls(context: IterationContext, count: int) -> list[str | None]:
     """A server URL for each of `count` runs side by side in worker processes, each with a
     server of its own: the configured port and the free ports above it. All None where the
-    runs start no server of their own (no self-hosted agent, a remote or shared server, or
-    `$NIP_LM_SERVER_URL` set): they use that one, as a single run does."""
+    runs start no server of their own (no self-hosted agent, a remote or shared server): they
+    use that one, as a single run does."""
     endpoint = self_hosted_endpoint(context)
-    if endpoint is None or os.environ.get(SERVER_URL_ENV):
+    if endpoint is None:
         return [None] * count
     scheme_host, host, port = endpoint
     if host not in LOOPBACK or self_hosted_agents(context)[0].language_model_server_shared:

@@ -11,7 +11,6 @@ import pytest
 from flows import experiment, lm_server
 from flows.experiment import main as experiment_main
 from flows.experiment import resolve_experiment, seeds_at_once
-from nip_core.agents.clients import SERVER_URL_ENV
 from nip_core.experiment.stats import EXPERIMENT_COLUMNS
 from nip_core.lm_server.launch import free_port
 from nip_core.parameters import HyperParameters
@@ -32,7 +31,6 @@ SELF_HOSTED = {
 @pytest.fixture
 def dummy_engine(monkeypatch):
     monkeypatch.setenv(lm_server.ENGINE_ENV, "dummy")  # worker processes inherit it
-    monkeypatch.delenv(SERVER_URL_ENV, raising=False)
 
 
 def _port_with_the_next_one_held():
@@ -61,25 +59,23 @@ def test_side_by_side_urls_skip_busy_ports(dummy_engine):
     assert f"http://127.0.0.1:{port + 1}" not in urls and len(set(urls)) == 3
 
 
-def test_side_by_side_urls_leave_other_servers_alone(dummy_engine, monkeypatch):
+def test_side_by_side_urls_leave_other_servers_alone(dummy_engine):
     dummy_api = build_context(HyperParameters.construct_test_params(), "r", 0)
     assert lm_server.side_by_side_urls(dummy_api, 2) == [None, None]
     shared = self_hosted(free_port(), "agents._default.language_model_server_shared=true")
     assert lm_server.side_by_side_urls(shared, 2) == [None, None]
-    monkeypatch.setenv(SERVER_URL_ENV, "http://127.0.0.1:7")  # the user's own server
-    assert lm_server.side_by_side_urls(self_hosted(free_port()), 2) == [None, None]
+    remote = self_hosted(7, "agents._default.language_model_server_scheme_host=http://10.0.0.7")
+    assert lm_server.side_by_side_urls(remote, 2) == [None, None]  # the user's own server
 
 
 def test_vllm_servers_side_by_side_are_refused_with_the_way_out(monkeypatch):
     monkeypatch.setenv(lm_server.ENGINE_ENV, "vllm")
-    monkeypatch.delenv(SERVER_URL_ENV, raising=False)
     with pytest.raises(ValueError, match="parallel_seeds: 1"):
         lm_server.side_by_side_urls(self_hosted(free_port()), 2)
 
 
 def test_vllm_side_by_side_fails_before_anything_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(lm_server.ENGINE_ENV, "vllm")
-    monkeypatch.delenv(SERVER_URL_ENV, raising=False)
     config = write_config(tmp_path, dict(CONFIG, agents=SELF_HOSTED))
     args = ["--config", config, "--artifacts-root", str(tmp_path), "--no-wandb"]
     assert experiment_main([*args, "--set", "experiment.parallel_seeds=2"]) == 2

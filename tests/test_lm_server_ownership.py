@@ -2,7 +2,8 @@
 run holds the configured one, sharing on purpose, and restarting its own server when it dies.
 
 Real server processes on the dummy engine (`NIP_LM_SERVER_ENGINE=dummy`), started the way a
-run starts them (`flows.lm_server.lm_server_for`).
+run starts them (`flows.lm_server.lm_server_for`); the server a run uses reaches its clients
+through the run's context (`served_context`), not process-wide state.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import httpx
 import pytest
 
 from flows import lm_server
-from nip_core.agents.clients import SERVER_URL_ENV, api_endpoint
+from nip_core.agents.clients import api_endpoint
 from nip_core.lm_server.launch import free_port, server_identity
 from nip_core.lm_server.supervise import SupervisedServer, exit_cause, read_restarts
 from nip_core.parameters import HyperParameters
@@ -30,7 +31,6 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(autouse=True)
 def dummy_engine(monkeypatch):
     monkeypatch.setenv(lm_server.ENGINE_ENV, "dummy")
-    monkeypatch.delenv(SERVER_URL_ENV, raising=False)
 
 
 def self_hosted(port: int, *extra: str):
@@ -75,40 +75,52 @@ def test_health_names_the_owner_the_state_folder_and_the_process(tmp_path):
     assert server_identity(server.url) is None  # the run stopped the server it started
 
 
-def test_a_second_run_gets_a_server_of_its_own_and_points_its_clients_there(
-    tmp_path, caplog, monkeypatch
-):
+def test_a_second_run_gets_a_server_of_its_own_and_points_its_clients_there(tmp_path, caplog):
     port = free_port()
     context = self_hosted(port)
     run_a, run_b = RunPaths.open(str(tmp_path), "A"), RunPaths.open(str(tmp_path), "B")
+    environment = dict(os.environ)
     with lm_server.lm_server_for(run_a, context) as server_a:
-        assert server_a.url.endswith(f":{port}") and SERVER_URL_ENV not in os.environ
-        with monkeypatch.context() as other_invocation:  # B: another invocation's run
-            other_invocation.setattr(lm_server, "STARTED_HERE", {})
-            with lm_server.lm_server_for(run_b, context) as server_b:
-                assert server_b.url != server_a.url
-                assert server_identity(server_b.url)["owner"] == str(run_b.run_dir)
-                assert os.environ[SERVER_URL_ENV] == server_b.url
-                assert api_endpoint(context.agent_params["verifier"])[0] == f"{server_b.url}/v1"
+        assert server_a.url.endswith(f":{port}")
+        with lm_server.lm_server_for(run_b, context) as server_b:
+            assert server_b.url != server_a.url
+            assert server_identity(server_b.url)["owner"] == str(run_b.run_dir)
+            served = lm_server.served_context(context, server_b.url)
+            assert api_endpoint(served.agent_params["verifier"])[0] == f"{server_b.url}/v1"
+            assert api_endpoint(context.agent_params["verifier"])[0] == f"{server_a.url}/v1"
+            assert dict(os.environ) == environment  # nothing process-wide says where B went
         assert f"another run's (owner {run_a.run_dir}" in caplog.text
-        assert SERVER_URL_ENV not in os.environ  # restored when run B ended
         assert server_identity(server_a.url)["owner"] == str(run_a.run_dir)  # B left A's alone
         assert is_gone(server_b.process.pid) or server_b.process.poll() is not None
 
 
-def test_a_run_inside_a_run_of_the_same_invocation_uses_the_outer_server(tmp_path, caplog):
+def test_a_run_inside_a_run_is_handed_the_outer_server(tmp_path, caplog):
     """An experiment opens each arm's run inside its seed's base run: one server serves both."""
     context = self_hosted(free_port())
     base, arm = RunPaths.open(str(tmp_path), "base"), RunPaths.open(str(tmp_path), "arm")
     with lm_server.lm_server_for(base, context) as outer:
-        with lm_server.lm_server_for(arm, context) as inner:
-            assert inner.url == outer.url and inner.process is None
+        with lm_server.lm_server_for(arm, context, outer) as inner:
+            assert inner is outer
             assert server_identity(inner.url)["owner"] == str(base.run_dir)
-        assert "using the server this invocation started" in caplog.text
+        assert "using the server of the run this one is opened inside" in caplog.text
         assert outer.process.poll() is None  # the arm's end left it running
-        with lm_server.lm_server_for(arm, context) as again:  # the next arm: the same server
-            assert again.url == outer.url
-    assert server_identity(outer.url) is None and lm_server.STARTED_HERE == {}
+        with lm_server.lm_server_for(arm, context, outer) as again:  # the next arm: the same
+            assert again is outer
+    assert server_identity(outer.url) is None
+
+
+def test_served_context_points_only_self_hosted_agents_at_the_server():
+    context = self_hosted(5000)
+    served = lm_server.served_context(context, "http://127.0.0.1:6123")
+    assert api_endpoint(served.agent_params["prover"])[0] == "http://127.0.0.1:6123/v1"
+    assert served.hyper_params is context.hyper_params  # the stored configuration is untouched
+    assert lm_server.served_context(context, None) is context
+    dummy = build_context(HyperParameters.construct_test_params(), "r", 0)
+    assert lm_server.served_context(dummy, "http://127.0.0.1:6123").agent_params == (
+        dummy.agent_params
+    )
+    with pytest.raises(ValueError, match="scheme://host:port"):
+        lm_server.served_context(context, "127.0.0.1")
 
 
 def test_shared_runs_use_one_server_that_outlives_them(tmp_path):
@@ -201,3 +213,16 @@ def test_a_vllm_left_by_a_killed_server_is_ended_by_the_next_one(tmp_path):
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_no_process_wide_state_says_which_server_a_run_uses():
+    """The server a run uses reaches its clients through the run's context only: no environment
+    variable and no module-level registry of started servers in the pipeline's code."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    for top in ("flows", "tasks", "nip_core"):
+        for path in (repo / top).rglob("*.py"):
+            text = path.read_text()
+            for stale in ("NIP_LM_SERVER_URL", "STARTED_HERE", "SERVER_URL_ENV"):
+                assert stale not in text, f"{path} still names {stale}"

@@ -60,7 +60,6 @@ def test_a_run_whose_own_server_is_killed_finishes_in_the_same_invocation(tmp_pa
         "--set", f"agents._default.language_model_server_port={port}",
     ]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(REPO), NIP_LM_SERVER_ENGINE="dummy")
-    env.pop("NIP_LM_SERVER_URL", None)
     flow = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         url, iteration = f"http://127.0.0.1:{port}", tmp_path / "killed" / "iterations" / "0000"

@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import urlparse
 
 from nip_core.agents.chat_client import (
     ChatClient,
@@ -45,6 +46,8 @@ __all__ = [
     "provider_of",
     "request_digest",
     "request_timeout",
+    "self_hosted_url",
+    "served_at",
 ]
 
 OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
@@ -70,6 +73,13 @@ class Provider:
     min_training_examples: int
     sends_lora_options: bool  # our server's `nip_training` extension and batch size
     self_hosted: bool  # a server we start, health-check and version-check ourselves
+    offline: bool = False  # the dummy API's stand-in: deterministic replies, no network
+
+
+def offline_stand_in(provider: Provider) -> Provider:
+    """The dummy API (`use_dummy_api`) standing in for `provider`: its fine-tuning minimum and
+    defaults, but replies from `DummyChatClient`, fake fine-tuning jobs, no server, no key."""
+    return replace(provider, key_required=False, self_hosted=False, offline=True)
 
 
 PROVIDERS: dict[str, Provider] = {
@@ -88,9 +98,6 @@ PROVIDERS: dict[str, Provider] = {
 }  # fmt: skip
 
 
-SERVER_URL_ENV = "NIP_LM_SERVER_URL"  # the self-hosted server a run really uses
-
-
 def _param(agent_params: AgentSettings, name: str, default: Any = None) -> Any:
     """Read a field from a parameters object or a plain mapping."""
     if isinstance(agent_params, Mapping):
@@ -105,6 +112,8 @@ def provider_of(agent_params: AgentSettings) -> Provider:
         raise ValueError(
             f"unknown model_provider {name!r}; expected one of {', '.join(map(repr, PROVIDERS))}"
         )
+    if _param(agent_params, "use_dummy_api", False):
+        return offline_stand_in(PROVIDERS[name])
     return PROVIDERS[name]
 
 
@@ -134,14 +143,36 @@ def api_endpoint(agent_params: AgentSettings) -> tuple[str | None, str | None]:
 
 
 def self_hosted_url(agent_params: AgentSettings) -> str:
-    """scheme://host:port of the self-hosted server: `$NIP_LM_SERVER_URL` when set (a run whose
-    configured port is another run's server sets it for itself, `flows/lm_server.py`), else the
-    agent's `language_model_server_scheme_host` and `language_model_server_port`."""
-    if os.environ.get(SERVER_URL_ENV):
-        return os.environ[SERVER_URL_ENV].rstrip("/")
+    """scheme://host:port of the self-hosted server: the agent's
+    `language_model_server_scheme_host` and `language_model_server_port` (a run's context holds
+    the server the run really uses there, `served_at`)."""
     host = _param(agent_params, "language_model_server_scheme_host", "http://localhost")
     port = _param(agent_params, "language_model_server_port", 5000)
     return f"{str(host).rstrip('/')}:{port}"
+
+
+def served_at(agent_params: PureTextAgentParameters, url: str) -> PureTextAgentParameters:
+    """The agent's settings pointed at the self-hosted server at `url` (scheme://host:port);
+    unchanged for an agent our server does not serve (another provider, the dummy API).
+
+    A run that finds its configured port held by another run's server starts one elsewhere;
+    its clients learn the new address from these settings, not from process-wide state."""
+    if not provider_of(agent_params).self_hosted:
+        return agent_params
+    parsed = urlparse(url)
+    if parsed.port is None or not parsed.scheme or not parsed.hostname:
+        raise ValueError(f"a server URL needs scheme://host:port, got {url!r}")
+    scheme_host = url.rstrip("/").removesuffix(f":{parsed.port}")
+    if (
+        agent_params.language_model_server_scheme_host == scheme_host
+        and agent_params.language_model_server_port == parsed.port
+    ):
+        return agent_params
+    return replace(
+        agent_params,
+        language_model_server_scheme_host=scheme_host,
+        language_model_server_port=parsed.port,
+    )
 
 
 def make_chat_client(
@@ -155,7 +186,7 @@ def make_chat_client(
     Chat goes through `DirectHttpChatClient` for every provider (one per replica in
     `model_server_replicas`); the `openai` SDK serves only files and fine-tuning jobs.
     """
-    if _param(agent_params, "use_dummy_api", False):
+    if provider_of(agent_params).offline:
         # Test knobs: a simulated latency and a call log shared across processes.
         client = DummyChatClient(
             dummy_seed, latency=float(os.environ.get("NIP_DUMMY_LATENCY", "0") or 0)

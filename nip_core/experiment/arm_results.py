@@ -20,19 +20,12 @@ from nip_core.malt.evaluation import file_stem
 from nip_core.malt.verdict_scores import scored_chats, verdict_conversations, verdict_table
 from nip_core.parameters import HyperParameters
 from nip_core.play.episodes import select_items
-from nip_core.run.artifacts import RunPaths, read_json, read_parquet, write_parquet
+from nip_core.run.artifacts import RunPaths, read_parquet, write_parquet
 from nip_core.run.iteration_context import IterationContext
 from nip_core.run.iteration_files import nodes_file, table_file, verdicts_file
 from nip_core.run.stages import run_stage
 
 log = logging.getLogger(__name__)
-
-
-def models_after(paths: RunPaths, iteration: int) -> dict[str, str]:
-    """The models iteration `iteration` generates with (those the one before switched to)."""
-    if iteration == 0:
-        return {}
-    return dict(read_json(paths.fs, paths.manifest(iteration - 1)).get("models_after", {}))
 
 
 def score_verdicts(paths: RunPaths, context: IterationContext, split: str) -> dict:

@@ -7,7 +7,7 @@ agent order, reward mid-points, reward ranges, model groups and which agents are
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from nip_core.parameters import HyperParameters
 from nip_core.protocols import Protocol, make_protocol, reward_mid_point, reward_range
@@ -101,10 +101,7 @@ def build_context(
     protocol = make_protocol(hyper_params)
     agent_params = {a: hyper_params.agents[a] for a in protocol.agent_names}
     groups = group_agents(protocol, agent_params)
-    current = {
-        g: (group_models or {}).get(g) or agent_params[a[0]].model_name for g, a in groups.items()
-    }
-    models = {a: current[g] for g, agents in groups.items() for a in agents}
+    current = generating_models(groups, agent_params, group_models)
     return IterationContext(
         hyper_params=hyper_params,
         run_name=run_name,
@@ -112,6 +109,27 @@ def build_context(
         protocol=protocol,
         agent_params=agent_params,
         groups=groups,
-        models=models,
+        models={a: current[g] for g, agents in groups.items() for a in agents},
         group_models=current,
     )
+
+
+def generating_models(
+    groups: Mapping[str, tuple[str, ...]],
+    agent_params: Mapping[str, object],
+    group_models: Mapping[str, str] | None,
+) -> dict[str, str]:
+    """Each group's model: the one `group_models` names, else its agents' configured one."""
+    return {
+        g: (group_models or {}).get(g) or agent_params[a[0]].model_name for g, a in groups.items()
+    }
+
+
+def with_group_models(
+    context: IterationContext, group_models: Mapping[str, str]
+) -> IterationContext:
+    """`context` with its groups generating with `group_models` (the switch guard scores a
+    candidate so), everything else, the server its clients use included, kept."""
+    current = generating_models(context.groups, context.agent_params, group_models)
+    models = {a: current[g] for g, agents in context.groups.items() for a in agents}
+    return replace(context, models=models, group_models=current)

@@ -23,7 +23,7 @@ from nip_core.malt.dataset_export import ExportContext, last_replies
 from nip_core.malt.evaluation import evaluation_items, evaluation_metrics, evaluation_table
 from nip_core.play.episodes import evaluation_settings, journaled_clients, play
 from nip_core.run.artifacts import RunPaths, write_parquet
-from nip_core.run.iteration_context import IterationContext, build_context
+from nip_core.run.iteration_context import IterationContext, with_group_models
 from nip_core.run.iteration_files import GUARD_STEM, guard_file
 from nip_core.run.stages import record_models_after, run_stage
 from nip_core.training.switch_guard import (
@@ -47,7 +47,7 @@ def score_models(
     """Mean episode reward per agent when the groups use `group_models` (validation episodes),
     each agent's replies, and the episodes' (verifier decisions, labels)."""
     hp = context.hyper_params
-    scored = build_context(hp, context.run_name, context.iteration, group_models)
+    scored = with_group_models(context, group_models)
     points = datapoints(load_split(hp, "validation"))
     count = min(hp.text_rl.switch_guard_episodes, len(points))
     items = evaluation_items(points, count, hp.seed, "validation")
