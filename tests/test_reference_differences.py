@@ -119,7 +119,11 @@ def test_the_server_engine_comes_from_the_config_and_the_environment_wins(monkey
     def engine(*overrides: str) -> str:
         hp = apply_overrides(
             HyperParameters.construct_test_params(),
-            ["agents._default.model_provider=SelfHosted", *overrides],
+            [
+                "agents._default.model_provider=SelfHosted",
+                "agents._default.use_dummy_api=false",  # the dummy API is served by no server
+                *overrides,
+            ],
         )
         return lm_server.server_engine(build_context(hp, "r", 0))
 

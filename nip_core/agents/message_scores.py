@@ -13,7 +13,6 @@ import httpx
 
 from nip_core.agents.clients import (
     AgentSettings,
-    _param,
     api_endpoint,
     provider_of,
     request_timeout,
@@ -27,7 +26,7 @@ def score_replies(
 ) -> list[tuple[float, int]] | None:
     """(log-probability, tokens) of each conversation's last message under `model`, or None
     where the agent's provider cannot score."""
-    if _param(agent_params, "use_dummy_api", False) or not provider_of(agent_params).self_hosted:
+    if not provider_of(agent_params).self_hosted:  # OpenAI, OpenRouter, the dummy API
         return None
     if not conversations:
         return []

@@ -89,8 +89,8 @@ def provider_problems(
     probed: set[tuple[str, str | None]] = set()
     problems = []
     for name, params in agent_params.items():
-        if getattr(params, "use_dummy_api", False) or params.model_provider not in PROVIDERS:
-            continue  # parameter validation names an unknown provider
+        if params.model_provider not in PROVIDERS or provider_of(params).offline:
+            continue  # the dummy API; parameter validation names an unknown provider
         if name in trained and (problem := fine_tuning_problem(name, params)):
             problems.append(problem)
         endpoint = (base_url(params), api_endpoint(params)[1])

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from nip_core.agents import make_chat_client
 from nip_core.agents.call_journal import JournaledClient
-from nip_core.agents.clients import close_clients
+from nip_core.agents.clients import close_clients, provider_of
 from nip_core.data import datapoints
 from nip_core.data.splits import load_split
 from nip_core.malt.evaluation import evaluation_items, evaluation_seed, evaluation_size
@@ -31,8 +31,7 @@ from nip_core.run.iteration_files import stem_call_journal
 def endpoint_key(params: Any) -> tuple:
     """What makes two agents share a client: the same server, provider and timeout."""
     return (
-        params.use_dummy_api,
-        params.model_provider,
+        provider_of(params),  # the dummy API's stand-in differs from the provider it stands for
         params.language_model_server_scheme_host,
         params.language_model_server_port,
         params.request_timeout_seconds,

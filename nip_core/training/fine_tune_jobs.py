@@ -132,7 +132,7 @@ def reusable_and_failed(jobs: list[Any], key: str, fingerprint: str) -> tuple[st
 
 def fine_tuning_client(agent_params: PureTextAgentParameters) -> Any:
     """An `openai.AsyncOpenAI` for the group's fine-tuning API (None for the dummy API)."""
-    if agent_params.use_dummy_api:
+    if provider_of(agent_params).offline:
         return None
     import openai
 

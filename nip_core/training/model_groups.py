@@ -121,7 +121,7 @@ class SharedModelGroup:
 
     async def wait_for_ready(self, timeout: float = 300.0) -> None:
         """For a self-hosted server: wait until /health answers with our package version."""
-        if self.params.use_dummy_api or not provider_of(self.params).self_hosted:
+        if not provider_of(self.params).self_hosted:
             return
         import httpx
 
@@ -171,7 +171,7 @@ class SharedModelGroup:
             )
             self.state.skip_reason = f"{rows} examples < {self.min_examples} required"
             return INSUFFICIENT_DATA_JOB_ID
-        if self.params.use_dummy_api:
+        if provider_of(self.params).offline:
             return DUMMY_JOB_ID
         return None
 
