@@ -143,11 +143,12 @@ def loopback_server(latency: float, port: int | None = None) -> Iterator[str]:
 
 def rollout_stage(url: str, root: str, run_name: str, datapoints: int) -> int:
     """Run the batch and rollout stages of one iteration against `url`; returns the nodes."""
+    from nip_core.malt.batch_stage import write_batch
     from nip_core.parameters import HyperParameters, apply_overrides
     from nip_core.play.rollout_stage import grow_all_trees
     from nip_core.run.iteration_context import build_context
     from nip_core.run.run_folder import prepare_run
-    from tasks.batch import select_batch_task
+    from nip_core.run.stages import finished_stage
 
     port = url.rsplit(":", 1)[1]
     hp = apply_overrides(
@@ -166,8 +167,9 @@ def rollout_stage(url: str, root: str, run_name: str, datapoints: int) -> int:
     )
     paths = prepare_run(hp, root, run_name)
     context = build_context(hp, run_name, 0)
-    select_batch_task.fn(paths, context)
-    return grow_all_trees(paths, context)["info"]["nodes"]
+    batch = write_batch(paths, context)
+    grow_all_trees(paths, context, batch)
+    return finished_stage(paths, context, "rollouts")["info"]["nodes"]
 
 
 def cli_overrides(datapoints: int) -> list[str]:

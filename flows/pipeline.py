@@ -2,8 +2,9 @@
 
 select-batch -> generate-rollouts -> estimate-rewards -> select-pairs -> export-datasets ->
 summarise -> [evaluate, per text_rl.test_scheme] -> fine-tune -> switch-model -> switch-guard
--> publish-summary. Each task returns its result; each stage records itself in the iteration's
-manifest, so rerunning skips finished stages. `iteration_subflow` is the same as a Prefect
+-> publish-summary. Each task returns the artifacts it wrote and the flow hands them to the
+tasks that read them (so Prefect's graph is the data flow); each stage records itself in the
+iteration's manifest, so rerunning skips finished stages. `iteration_subflow` is the same as a Prefect
 subflow, so a multi-iteration run shows one flow run per iteration in the UI.
 """
 
@@ -26,7 +27,7 @@ from tasks.evaluate import evaluate_shard_task, evaluate_task
 from tasks.export import export_datasets_task
 from tasks.fine_tune import fine_tune_task, switch_model_task
 from tasks.pairs import select_pairs_task
-from tasks.prefect_artifacts import publish_summary_task
+from tasks.publish_summary import publish_summary_task
 from tasks.rewards import estimate_rewards_task
 from tasks.rollouts import generate_rollouts_task, grow_shard_task
 from tasks.summary import summarise_iteration_task
@@ -42,23 +43,22 @@ def run_iteration_stages(
     """All stages of one iteration; the caller holds the run folder (`flows.cli.open_run`: the
     lock, and the self-hosted server when the run needs one). `distributed`: grow the rollout
     shards as tasks of the flow's task runner (Dask, Ray) first."""
-    select_batch_task(paths, context)
+    batch = select_batch_task(paths, context)
     if distributed:
-        grow_shards_on_task_runner(paths, context)
-    generate_rollouts_task(paths, context)
-    estimate_rewards_task(paths, context)
-    if not context.is_ei_iteration:
-        select_pairs_task(paths, context)
-    export_datasets_task(paths, context)
-    stats = summarise_iteration_task(paths, context)
+        grow_shards_on_task_runner(paths, context, batch)
+    nodes = generate_rollouts_task(paths, context, batch)
+    rewards = estimate_rewards_task(paths, context, nodes)
+    pairs = None if context.is_ei_iteration else select_pairs_task(paths, context, nodes, rewards)
+    datasets = export_datasets_task(paths, context, batch, nodes, rewards, pairs)
+    stats = summarise_iteration_task(paths, context, nodes, rewards, pairs)
     hp = context.hyper_params
     if should_evaluate(hp.text_rl.test_scheme, context.iteration, hp.rl.num_iterations):
         shards = evaluate_shards_on_task_runner(paths, context) if distributed else None
         stats["eval"] = evaluate_task(paths, context, shard_files=shards)
     if tracker is not None:
         log_iteration(tracker, stats, context.iteration)
-    fine_tune_task(paths, context)
-    candidates = switch_model_task(paths, context)
+    jobs = fine_tune_task(paths, context, datasets)
+    candidates = switch_model_task(paths, context, jobs)
     stats["models_after"] = switch_guard_task(paths, context, candidates)
     publish_summary_task(paths, context, stats)
     return stats
@@ -75,9 +75,11 @@ def evaluate_shards_on_task_runner(
     return [future.result() for future in futures]
 
 
-def grow_shards_on_task_runner(paths: RunPaths, context: IterationContext) -> None:
-    """Submit every unfinished rollout shard to the flow's task runner; record each as it ends."""
-    futures = [grow_shard_task.submit(paths, context, i) for i in pending_shards(paths, context)]
+def grow_shards_on_task_runner(paths: RunPaths, context: IterationContext, batch: str) -> None:
+    """Submit every unfinished rollout shard of `batch` to the flow's task runner; record each
+    as it ends."""
+    pending = pending_shards(paths, context, batch)
+    futures = [grow_shard_task.submit(paths, context, batch, i) for i in pending]
     for future in futures:
         record_shard(paths, context, future.result())
 

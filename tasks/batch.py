@@ -1,40 +1,9 @@
-"""Stage: pick the iteration's datapoints and their episode seeds (`batch.parquet`)."""
+"""Task `select-batch`: `nip_core.malt.batch_stage.write_batch` (returns the batch file)."""
 
 from __future__ import annotations
 
 from prefect import task
 
-from nip_core.data import datapoints
-from nip_core.data.splits import load_split
-from nip_core.malt.batching import iteration_positions
-from nip_core.malt.rollout_tree import BatchItem, batch_table
-from nip_core.run.artifacts import RunPaths, write_parquet
-from nip_core.run.iteration_context import IterationContext
-from nip_core.run.iteration_files import BATCH_FILE
-from nip_core.run.stages import run_stage
-from nip_core.seeding import episode_seed
+from nip_core.malt.batch_stage import write_batch
 
-
-def select_batch(context: IterationContext) -> list[BatchItem]:
-    hp = context.hyper_params
-    points = datapoints(load_split(hp, "train"))
-    batch_indices, positions = iteration_positions(
-        len(points), hp.seed, context.iteration, hp.rl.rollouts_per_iteration
-    )
-    return [
-        BatchItem(int(b), points[int(p)], episode_seed(hp.seed, context.iteration, int(b)))
-        for b, p in zip(batch_indices, positions, strict=True)
-    ]
-
-
-@task(name="select-batch")
-def select_batch_task(paths: RunPaths, context: IterationContext) -> str:
-    def compute():
-        items = select_batch(context)
-        digest = write_parquet(
-            paths.fs, paths.iteration_file(context.iteration, BATCH_FILE), batch_table(items)
-        )
-        return {BATCH_FILE: digest}, {"datapoints": len(items)}
-
-    run_stage(paths, context, "batch", compute)
-    return paths.iteration_file(context.iteration, BATCH_FILE)
+select_batch_task = task(write_batch, name="select-batch")

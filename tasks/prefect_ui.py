@@ -1,7 +1,6 @@
 """Everything an iteration shows in the Prefect UI: a stats table, a markdown summary, a link to
-the run folder, and the progress of tree generation.
-
-    publish_summary_task(paths, context, stats)   # from the flow, after the last stage
+the run folder, and the progress of tree generation. No stage and no task: the task modules
+use these (`tasks.publish_summary`, the progress of `tasks.rollouts` and `tasks.evaluate`).
 
 Keys are stable per run (`<run>-iteration-table`, `<run>-iteration-summary`, `<run>-run-folder`),
 so each iteration adds a version and the Artifacts page shows the history of a run. The table
@@ -20,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from prefect import task
 from rich.console import Console
 
 from nip_core.report.progress import RolloutProgress
@@ -183,9 +181,3 @@ def publish_iteration_artifacts(
             _sync=True,
         ),
     }
-
-
-@task(name="publish-summary")
-def publish_summary_task(paths: RunPaths, context: IterationContext, stats: dict) -> dict:
-    """The iteration's table, summary and run-folder link as Prefect artifacts."""
-    return publish_iteration_artifacts(paths, context, stats)

@@ -16,7 +16,7 @@ from flows.malt_iteration import malt_iteration
 from nip_core.report.summary_markdown import summary_markdown, table_rows
 from nip_core.run.artifacts import RunPaths, write_json
 from nip_core.run.lock import LOCK_NAME, RunLockedError, run_lock
-from tasks.prefect_artifacts import artifact_key, publish_iteration_artifacts, run_folder_url
+from tasks.prefect_ui import artifact_key, publish_iteration_artifacts, run_folder_url
 
 SMALL = [
     "agents._default.use_dummy_api=true",

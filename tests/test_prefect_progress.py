@@ -11,7 +11,7 @@ from prefect.artifacts import Artifact
 from rich.console import Console
 
 from nip_core.report.progress import RolloutProgress
-from tasks.prefect_artifacts import ProgressArtifact
+from tasks.prefect_ui import ProgressArtifact
 
 
 class FakeClock:

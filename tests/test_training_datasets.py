@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from nip_core.malt.dataset_export import training_datasets
 
 
@@ -54,9 +56,11 @@ def test_fine_tune_stage_concatenates_every_iteration_so_far(prefect_harness, tm
     hp = load_hyper_params("configs/default.yaml", overrides)
     paths = RunPaths.open(str(tmp_path), "all")
     context = build_context(hp, "all", 1)
-    jsonl, rows, method = training_data(
-        paths, context, exported_datasets(paths, context), "verifier"
-    )
+    manifest = json.loads((tmp_path / "all" / "iterations" / "0001" / "manifest.json").read_text())
+    this_iteration = manifest["stages"]["export"]["info"]
+    exports = exported_datasets(paths, context, this_iteration)
+    assert exports[1] == this_iteration and exports[0]["verifier"]["kind"] == "dpo"
+    jsonl, rows, method = training_data(paths, context, exports, "verifier")
     parts = [
         (tmp_path / "all" / "iterations" / f"{it:04d}" / "datasets/dpo/verifier.jsonl").read_bytes()
         for it in (0, 1)

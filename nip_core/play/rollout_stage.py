@@ -20,7 +20,6 @@ from nip_core.play.episodes import chat_clients, play, replayed_calls, rollout_s
 from nip_core.run.artifacts import RunPaths, read_parquet, write_parquet
 from nip_core.run.iteration_context import IterationContext
 from nip_core.run.iteration_files import (
-    BATCH_FILE,
     CALL_JOURNAL_FILE,
     NODES_FILE,
     journal_part,
@@ -35,9 +34,9 @@ def shard_stage(shard_index: int) -> str:
     return f"rollouts/shard-{shard_index:05d}"
 
 
-def batch_shards(paths: RunPaths, context: IterationContext) -> list[list]:
-    """The iteration's batch items in shards of `text_rl.rollout_shard_size`."""
-    items = batch_items(read_parquet(paths.fs, paths.iteration_file(context.iteration, BATCH_FILE)))
+def batch_shards(paths: RunPaths, context: IterationContext, batch: str) -> list[list]:
+    """The items of the `batch` file in shards of `text_rl.rollout_shard_size`."""
+    items = batch_items(read_parquet(paths.fs, batch))
     return in_shards(items, context.hyper_params.text_rl.rollout_shard_size)
 
 
@@ -75,9 +74,11 @@ async def _grow_shards(paths, context, settings, shards, progress) -> None:
         await close_clients(settings.clients.values())
 
 
-def grow_all_trees(paths: RunPaths, context: IterationContext, progress=None) -> dict:
-    """Run (or reuse) the stage "rollouts": every shard, then their union `nodes.parquet`."""
-    shards = batch_shards(paths, context)
+def grow_all_trees(paths: RunPaths, context: IterationContext, batch: str, progress=None) -> str:
+    """Run (or reuse) the stage "rollouts" on the `batch` file: every shard, then their union;
+    returns the nodes file."""
+    shards = batch_shards(paths, context, batch)
+    out = paths.iteration_file(context.iteration, NODES_FILE)
 
     def compute():
         clients = journaled_by(paths, context, CALL_JOURNAL_FILE)
@@ -90,29 +91,30 @@ def grow_all_trees(paths: RunPaths, context: IterationContext, progress=None) ->
             for i in range(len(shards))
         ]
         nodes = pa.concat_tables(tables)
-        digest = write_parquet(paths.fs, paths.iteration_file(context.iteration, NODES_FILE), nodes)
-        return {NODES_FILE: digest}, {
+        return {NODES_FILE: write_parquet(paths.fs, out, nodes)}, {
             "nodes": nodes.num_rows,
             "shards": len(shards),
             "replayed_calls": replayed_calls(clients),
         }
 
-    return run_stage(paths, context, "rollouts", compute)
+    run_stage(paths, context, "rollouts", compute)
+    return out
 
 
-def pending_shards(paths: RunPaths, context: IterationContext) -> list[int]:
-    """Shards whose stage is not finished yet."""
-    count = len(batch_shards(paths, context))
+def pending_shards(paths: RunPaths, context: IterationContext, batch: str) -> list[int]:
+    """Shards of the `batch` file whose stage is not finished yet."""
+    count = len(batch_shards(paths, context, batch))
     return [i for i in range(count) if finished_stage(paths, context, shard_stage(i)) is None]
 
 
-def grow_shard(paths: RunPaths, context: IterationContext, shard_index: int) -> dict:
-    """Grow one shard's trees; returns its stage and files for `record_shard`.
+def grow_shard(paths: RunPaths, context: IterationContext, batch: str, shard_index: int) -> dict:
+    """Grow one shard of the `batch` file's trees; returns its stage and files for
+    `record_shard`.
 
     Writes only the shard's own files (its nodes and its call journal, `calls-shard-<i>.jsonl`),
     so workers on several machines never write the manifest at once.
     """
-    items = batch_shards(paths, context)[shard_index]
+    items = batch_shards(paths, context, batch)[shard_index]
     clients = journaled_by(paths, context, shard_call_journal(shard_index))
     table = asyncio.run(play(items, rollout_settings(context, clients)))
     relative = rollout_shard_file(shard_index)

@@ -1,5 +1,5 @@
 """Progress of tree generation: a rich bar on the terminal, and an optional sink (a Prefect
-progress artifact, see `tasks.prefect_artifacts.rollout_progress`).
+progress artifact, see `tasks.prefect_ui.rollout_progress`).
 
 `grow_trees` calls `progress(round, issued, 0)` when a node sends its calls of a round and
 `progress(round, 0, 1)` when one of them is answered (nodes of every round and shard

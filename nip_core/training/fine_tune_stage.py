@@ -17,9 +17,17 @@ import logging
 
 from nip_core.agents.clients import close_clients
 from nip_core.malt.dataset_export import training_datasets
-from nip_core.run.artifacts import RunPaths, load_manifest, read_bytes, read_json, write_json
+from nip_core.run.artifacts import (
+    RunPaths,
+    load_manifest,
+    read_bytes,
+    read_json,
+    sha256_bytes,
+    write_json,
+)
 from nip_core.run.iteration_context import IterationContext
-from nip_core.run.iteration_files import fine_tune_record
+from nip_core.run.iteration_files import fine_tune_record, fine_tune_steps
+from nip_core.run.stages import run_stage
 from nip_core.seeding import stable_int
 from nip_core.training.fine_tune_jobs import (
     FineTuneJobError,
@@ -51,15 +59,19 @@ def groups_for(context: IterationContext) -> dict[str, SharedModelGroup]:
     return groups
 
 
-def exported_datasets(paths: RunPaths, context: IterationContext) -> dict[int, dict]:
-    """Iteration -> its export stage's datasets per group, for this and every earlier iteration."""
+def exported_datasets(
+    paths: RunPaths, context: IterationContext, datasets: dict[str, dict]
+) -> dict[int, dict]:
+    """Iteration -> its export stage's datasets per group: this iteration's `datasets`, and
+    every earlier iteration's from its manifest (`fine_tune_on_all_previous_rollouts` trains on
+    them too)."""
     found = {}
-    for it in range(context.iteration + 1):
+    for it in range(context.iteration):
         manifest = load_manifest(paths, it, context.run_name, context.hyper_params.config_hash())
         export = manifest.get("stages", {}).get("export")
         if export is not None:
             found[it] = export["info"]
-    return found
+    return found | {context.iteration: datasets}
 
 
 def training_data(
@@ -76,10 +88,12 @@ def training_data(
     return jsonl, sum(info["rows"] for _, info in chosen), method
 
 
-async def submit_and_wait(paths: RunPaths, context: IterationContext) -> dict:
+async def submit_and_wait(
+    paths: RunPaths, context: IterationContext, datasets: dict[str, dict]
+) -> dict:
     it = context.iteration
     groups = groups_for(context)
-    exports = exported_datasets(paths, context)
+    exports = exported_datasets(paths, context, datasets)
     from_base = context.hyper_params.text_rl.fine_tune_on_all_previous_rollouts
 
     async def one(name: str) -> dict:
@@ -131,18 +145,51 @@ async def submit_and_wait(paths: RunPaths, context: IterationContext) -> dict:
     return dict(zip(names, results, strict=True))
 
 
-async def switch_groups(paths: RunPaths, context: IterationContext) -> dict[str, str]:
-    """The model each group uses after its job: the fine-tuned one (or the current one when
-    nothing was trained)."""
+async def switch_groups(
+    paths: RunPaths, context: IterationContext, jobs: dict[str, str]
+) -> dict[str, str]:
+    """The model each group uses after its job (`jobs`: group -> its job record): the
+    fine-tuned one (or the current one when nothing was trained)."""
     groups = groups_for(context)
     models = dict(context.group_models)
     try:
         for name in context.trainable_groups:
-            record = read_json(
-                paths.fs, paths.iteration_file(context.iteration, fine_tune_record(name))
-            )
-            groups[name].set_state(record["state"])
+            groups[name].set_state(read_json(paths.fs, jobs[name])["state"])
             models[name] = await groups[name].switch_to_next_model(context.iteration)
     finally:
         await close_clients(groups.values())
     return models
+
+
+def fine_tune(
+    paths: RunPaths, context: IterationContext, datasets: dict[str, dict]
+) -> dict[str, str]:
+    """Run (or reuse) the stage "fine_tune" on the export stage's `datasets`; returns each
+    trainable group's job record (`fine_tune/<group>.json`)."""
+    it = context.iteration
+
+    def digest(name: str) -> str:
+        return sha256_bytes(read_bytes(paths.fs, paths.iteration_file(it, name)))
+
+    def compute():
+        info = asyncio.run(submit_and_wait(paths, context, datasets))
+        files = {fine_tune_record(g): digest(fine_tune_record(g)) for g in info}
+        steps = [fine_tune_steps(g) for g in info]  # jobs that reported steps only
+        steps = [s for s in steps if paths.fs.exists(paths.iteration_file(it, s))]
+        return files | {name: digest(name) for name in steps}, info
+
+    run_stage(paths, context, "fine_tune", compute)
+    return {g: paths.iteration_file(it, fine_tune_record(g)) for g in context.trainable_groups}
+
+
+def switch_to_fine_tuned(
+    paths: RunPaths, context: IterationContext, jobs: dict[str, str]
+) -> dict[str, str]:
+    """Run (or reuse) the stage "switch_model": the model each group would use from the next
+    iteration on, its fine-tuned model (the switch guard, a stage of its own, may still keep
+    the previous one)."""
+
+    def compute():
+        return {}, {"models_after": asyncio.run(switch_groups(paths, context, jobs))}
+
+    return run_stage(paths, context, "switch_model", compute)["info"]["models_after"]

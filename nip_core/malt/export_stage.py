@@ -1,0 +1,107 @@
+"""Stage `export`: each trainable group's training dataset (`datasets/{dpo,sft}/<group>.parquet`
+and the OpenAI `.jsonl` beside it), from the batch, the nodes, their rewards and the pairs.
+
+MALT iterations export DPO rows (what the verifier's rows hold: `verifier_rows`); expert
+iterations (`pure_text_ei`, or the first `num_initial_ei_iterations` of MALT) export SFT rows
+of the rewarded rollouts. Frozen groups get no dataset.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from nip_core.malt import dataset_export as export
+from nip_core.malt import verifier_rows
+from nip_core.malt.rollout_tree import batch_items
+from nip_core.run.artifacts import RunPaths, jsonl_bytes, read_parquet, write_bytes, write_parquet
+from nip_core.run.iteration_context import IterationContext
+from nip_core.run.iteration_files import dataset_file
+from nip_core.run.stages import run_stage
+from nip_core.seeding import stable_int
+
+
+def sft_dataset(
+    nodes: pa.Table,
+    rewards: pa.Table,
+    ctx: export.ExportContext,
+    context: IterationContext,
+    agents: tuple[str, ...],
+) -> tuple[pa.Table, list[dict]]:
+    """An expert iteration's rows for one group: its agents' rewarded rollouts (the verifier's
+    balanced by label when asked), as (Parquet table, OpenAI JSONL records)."""
+    hp = context.hyper_params
+    rows = export.sft_rows(
+        nodes, rewards, ctx, agents, context.agent_names, hp.pure_text_ei, hp.text_rl, hp.seed
+    )
+    if hp.pure_text_malt.balance_verifier_by_label:
+        rows = verifier_rows.balance_verifier_rollouts(
+            rows,
+            context.protocol.verifier_name,
+            {item.datapoint.id: item.datapoint.y for item in ctx.items.values()},
+            stable_int("sft-balance", hp.seed, context.iteration),
+        )
+    if not context.agent_params[agents[0]].shuffle_training_data:
+        rows = export.alternate_verdicts(rows, "messages")
+    return export.sft_table(rows), export.sft_openai_jsonl(rows)
+
+
+def dpo_dataset(
+    nodes: pa.Table,
+    pairs: pa.Table,
+    ctx: export.ExportContext,
+    context: IterationContext,
+    agents: tuple[str, ...],
+) -> tuple[pa.Table, list[dict]]:
+    """A MALT iteration's rows for one group: its agents' preference pairs (the verifier's from
+    the signal its configuration names), as (Parquet table, OpenAI JSONL records)."""
+    hp = context.hyper_params
+    rows = verifier_rows.verifier_signal_rows(
+        nodes, pairs, ctx, agents, hp.pure_text_malt, hp.text_rl, hp.seed
+    )
+    if not context.agent_params[agents[0]].shuffle_training_data:
+        rows = export.alternate_verdicts(rows, "chosen")
+    return export.dpo_table(rows), export.dpo_openai_jsonl(rows)
+
+
+def export_datasets(
+    paths: RunPaths,
+    context: IterationContext,
+    batch: str,
+    nodes: str,
+    rewards: str,
+    pairs: str | None,
+) -> dict[str, dict]:
+    """Run (or reuse) the stage on the `batch`, `nodes`, `rewards` and `pairs` files (None: an
+    expert iteration); returns, per group, its dataset's kind, rows and files (relative)."""
+    it = context.iteration
+    if pairs is None and not context.is_ei_iteration:
+        raise ValueError(f"iteration {it} is a MALT iteration: its export needs the pairs file")
+
+    def compute():
+        read = lambda path: read_parquet(paths.fs, path)  # noqa: E731
+        node_table, reward_table = read(nodes), read(rewards)
+        items = {item.batch_index: item for item in batch_items(read(batch))}
+        ctx = export.ExportContext(context.protocol, context.agent_params, items, it)
+        pair_table = None if context.is_ei_iteration else read(pairs)
+        files, info = {}, {}
+        for group, agents in context.trainable_groups.items():
+            if context.is_ei_iteration:
+                kind = "sft"
+                table, jsonl = sft_dataset(node_table, reward_table, ctx, context, agents)
+            else:
+                kind = "dpo"
+                table, jsonl = dpo_dataset(node_table, pair_table, ctx, context, agents)
+            parquet, openai_jsonl = (dataset_file(kind, group, s) for s in ("parquet", "jsonl"))
+            files[parquet] = write_parquet(paths.fs, paths.iteration_file(it, parquet), table)
+            files[openai_jsonl] = write_bytes(
+                paths.fs, paths.iteration_file(it, openai_jsonl), jsonl_bytes(jsonl)
+            )
+            info[group] = {
+                "kind": kind,
+                "rows": table.num_rows,
+                "parquet": parquet,
+                "jsonl": openai_jsonl,
+            }
+        return files, info
+
+    return run_stage(paths, context, "export", compute)["info"]
