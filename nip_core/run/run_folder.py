@@ -102,9 +102,10 @@ def finished_iteration_stats(
 ) -> dict | None:
     """The stored statistics of an iteration whose every stage finished with intact files.
 
-    `models_after` is written last, after the switch (and its guard), so its presence marks a
-    finished iteration; every recorded stage's files are checked as a rerun would. None when
-    anything is missing, changed or unreadable: then the flow runs and repairs what it must.
+    `models_after` is written by the switch guard, the last stage that decides anything, so its
+    presence marks a finished iteration; every recorded stage's files are checked as a rerun
+    would. None when anything is missing, changed or unreadable: then the flow runs and repairs
+    what it must.
     """
     try:
         if not paths.fs.exists(paths.manifest(iteration)) or not stored_config_matches(paths, hp):

@@ -263,7 +263,7 @@ def vllm_env(
     iomp = find_libiomp(config.launcher)
     if iomp is not None and "libiomp" not in env.get("LD_PRELOAD", ""):
         env["LD_PRELOAD"] = ":".join(p for p in (str(iomp), env.get("LD_PRELOAD", "")) if p)
-    # Ahead-of-time compilation of the model graph at start-up: off, see the README.
+    # Ahead-of-time compilation of the model graph at start-up: off, see docs/serving.md.
     env["VLLM_USE_AOT_COMPILE"] = "0"
     return env
 
