@@ -20,47 +20,39 @@ from nip_core.run.stages import run_stage
 from nip_core.seeding import stable_int
 
 
-def sft_dataset(
+def group_dataset(
+    context: IterationContext,
+    ctx: export.ExportContext,
+    agents: tuple[str, ...],
     nodes: pa.Table,
     rewards: pa.Table,
-    ctx: export.ExportContext,
-    context: IterationContext,
-    agents: tuple[str, ...],
-) -> tuple[pa.Table, list[dict]]:
-    """An expert iteration's rows for one group: its agents' rewarded rollouts (the verifier's
-    balanced by label when asked), as (Parquet table, OpenAI JSONL records)."""
+    pairs: pa.Table | None,
+) -> tuple[str, pa.Table, list[dict]]:
+    """(kind, Parquet table, OpenAI JSONL records) of one trainable group's dataset: in an
+    expert iteration SFT rows of its agents' rewarded rollouts (the verifier's balanced by label
+    when asked), else DPO rows of their preference pairs (the verifier's from the signal its
+    configuration names). Rows keep the exported order, verdicts alternating, unless the agents
+    shuffle their training data."""
     hp = context.hyper_params
-    rows = export.sft_rows(
-        nodes, rewards, ctx, agents, context.agent_names, hp.pure_text_ei, hp.text_rl, hp.seed
-    )
-    if hp.pure_text_malt.balance_verifier_by_label:
-        rows = verifier_rows.balance_verifier_rollouts(
-            rows,
-            context.protocol.verifier_name,
-            {item.datapoint.id: item.datapoint.y for item in ctx.items.values()},
-            stable_int("sft-balance", hp.seed, context.iteration),
+    keep_order = not context.agent_params[agents[0]].shuffle_training_data
+    if context.is_ei_iteration:
+        rows = export.sft_rows(
+            nodes, rewards, ctx, agents, context.agent_names, hp.pure_text_ei, hp.text_rl, hp.seed
         )
-    if not context.agent_params[agents[0]].shuffle_training_data:
-        rows = export.alternate_verdicts(rows, "messages")
-    return export.sft_table(rows), export.sft_openai_jsonl(rows)
-
-
-def dpo_dataset(
-    nodes: pa.Table,
-    pairs: pa.Table,
-    ctx: export.ExportContext,
-    context: IterationContext,
-    agents: tuple[str, ...],
-) -> tuple[pa.Table, list[dict]]:
-    """A MALT iteration's rows for one group: its agents' preference pairs (the verifier's from
-    the signal its configuration names), as (Parquet table, OpenAI JSONL records)."""
-    hp = context.hyper_params
+        if hp.pure_text_malt.balance_verifier_by_label:
+            rows = verifier_rows.balance_verifier_rollouts(
+                rows,
+                context.protocol.verifier_name,
+                {item.datapoint.id: item.datapoint.y for item in ctx.items.values()},
+                stable_int("sft-balance", hp.seed, context.iteration),
+            )
+        rows = export.alternate_verdicts(rows, "messages") if keep_order else rows
+        return "sft", export.sft_table(rows), export.sft_openai_jsonl(rows)
     rows = verifier_rows.verifier_signal_rows(
         nodes, pairs, ctx, agents, hp.pure_text_malt, hp.text_rl, hp.seed
     )
-    if not context.agent_params[agents[0]].shuffle_training_data:
-        rows = export.alternate_verdicts(rows, "chosen")
-    return export.dpo_table(rows), export.dpo_openai_jsonl(rows)
+    rows = export.alternate_verdicts(rows, "chosen") if keep_order else rows
+    return "dpo", export.dpo_table(rows), export.dpo_openai_jsonl(rows)
 
 
 def export_datasets(
@@ -85,12 +77,9 @@ def export_datasets(
         pair_table = None if context.is_ei_iteration else read(pairs)
         files, info = {}, {}
         for group, agents in context.trainable_groups.items():
-            if context.is_ei_iteration:
-                kind = "sft"
-                table, jsonl = sft_dataset(node_table, reward_table, ctx, context, agents)
-            else:
-                kind = "dpo"
-                table, jsonl = dpo_dataset(node_table, pair_table, ctx, context, agents)
+            kind, table, jsonl = group_dataset(
+                context, ctx, agents, node_table, reward_table, pair_table
+            )
             parquet, openai_jsonl = (dataset_file(kind, group, s) for s in ("parquet", "jsonl"))
             files[parquet] = write_parquet(paths.fs, paths.iteration_file(it, parquet), table)
             files[openai_jsonl] = write_bytes(
