@@ -21,6 +21,7 @@ from nip_core.malt.evaluation import (
     evaluation_metrics,
     evaluation_size,
     evaluation_table,
+    label_balanced_items,
     should_evaluate,
 )
 from nip_core.malt.iteration_stats import verifier_metrics
@@ -83,6 +84,24 @@ def test_evaluation_items_cover_the_split_evenly_and_are_reproducible():
     assert again == items
     other_seed = evaluation_items(points(7), 21, run_seed=4, split="test")
     assert [it.datapoint.id for it in other_seed] != [it.datapoint.id for it in items]
+
+
+def test_label_balanced_items_take_half_of_each_label_in_the_seeded_order():
+    skewed = [
+        Datapoint(i, f"q{i}", f"s{i}", int(i < 8), 1) for i in range(11)
+    ]  # 8 correct, 3 buggy
+    items = label_balanced_items(skewed, 16, run_seed=3, split="validation")
+    labels = [it.datapoint.y for it in items]
+    assert labels == [1, 0] * 8  # 8 of each, alternating; the 3 buggy ones read cyclically
+    order = [it.datapoint.id for it in evaluation_items(skewed, 11, run_seed=3, split="validation")]
+    correct = [i for i in order if i < 8]
+    assert [it.datapoint.id for it in items if it.datapoint.y == 1] == correct
+    plain = evaluation_items(skewed, 16, run_seed=3, split="validation")
+    assert [it.episode_seed for it in items] == [it.episode_seed for it in plain]
+    one_label = [Datapoint(i, "q", "s", 1, 1) for i in range(4)]
+    assert label_balanced_items(one_label, 5, 3, "validation") == evaluation_items(
+        one_label, 5, 3, "validation"
+    )
 
 
 # A hand-built nodes table: three single-chain rollouts.

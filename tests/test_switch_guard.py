@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 import nip_core.training.switch_guard_stage as guard_stage
@@ -93,6 +94,15 @@ def test_guard_scores_real_validation_episodes(prefect_harness, tmp_path):
     assert entry["verdict"] in (SWITCHED, KEPT_PREVIOUS)
     assert isinstance(entry["previous_score"], float) and isinstance(entry["new_score"], float)
     assert (it / "guard-previous.parquet").exists() and (it / "guard-verifier.parquet").exists()
+
+
+def test_a_label_balanced_guard_plays_as_many_correct_as_buggy_solutions(prefect_harness, tmp_path):
+    overrides = [*GUARDED, "text_rl.switch_guard_balance_labels=true"]
+    malt_iteration(overrides=overrides, run_name="balanced", artifacts_root=str(tmp_path))
+    it = tmp_path / "balanced" / "iterations" / "0000"
+    for name in ("guard-previous.parquet", "guard-verifier.parquet"):
+        labels = pd.read_parquet(it / name)["y"].tolist()
+        assert len(labels) == 6 and labels.count(1) == labels.count(0) == 3, name
 
 
 def test_guard_needs_a_validation_split(tmp_path):

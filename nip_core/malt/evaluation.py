@@ -111,6 +111,27 @@ def evaluation_items(
     ]
 
 
+def label_balanced_items(
+    points: Sequence[Datapoint], count: int, run_seed: int, split: str
+) -> list[BatchItem]:
+    """`count` items of `evaluation_items`' seeded permutation taken alternately from the
+    datapoints labelled 1 and 0 (each read cyclically), so that either label makes half of
+    them: a guard that judges a verifier on a sample leaning to one label rewards the verdict
+    of that label. Falls back to `evaluation_items` when the split holds one label only."""
+    ordered = [item.datapoint for item in evaluation_items(points, len(points), run_seed, split)]
+    by_label = [[p for p in ordered if p.y == label] for label in (1, 0)]
+    if not all(by_label):
+        return evaluation_items(points, count, run_seed, split)
+    return [
+        BatchItem(
+            batch_index=i,
+            datapoint=by_label[i % 2][(i // 2) % len(by_label[i % 2])],
+            episode_seed=stable_int("evaluation-episode", run_seed, split, i, bits=31),
+        )
+        for i in range(count)
+    ]
+
+
 def evaluation_seed(run_seed: int, split: str) -> int:
     """Run seed of the evaluation's model calls, distinct from training's for the same node ids."""
     return stable_int("evaluation-calls", run_seed, split, bits=31)

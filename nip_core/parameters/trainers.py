@@ -40,7 +40,10 @@ class TextRlParameters(BaseParameters):
     `switch_guard_max_drift` nats per token (None: no such check; self-hosted models only),
     and its decided verdicts on those episodes are not `switch_guard_max_verdict_share` or more
     one answer while the episodes' labels are mixed (None: no such check): a verifier that
-    answers one verdict every time must not be switched in. `shuffle_training_labels` permutes
+    answers one verdict every time must not be switched in. `switch_guard_balance_labels` draws
+    the guard's episodes as many from correct as from buggy solutions (else a seeded draw of
+    the validation split, whose share of either label varies: 11 of 16 correct ones judged a
+    model that leans to "reject" worse than the base on one test seed). `shuffle_training_labels` permutes
     the labels of the train split (never validation or test) before anything trains: the
     control arm that must land at chance. All of these are ours, not nip's.
     """
@@ -59,6 +62,7 @@ class TextRlParameters(BaseParameters):
     switch_guard_margin: float = 0.05
     switch_guard_max_drift: float | None = 2.0
     switch_guard_max_verdict_share: float | None = 0.9
+    switch_guard_balance_labels: bool = False
     shuffle_training_labels: bool = False
 
 

@@ -20,7 +20,12 @@ from nip_core.agents.message_scores import score_replies
 from nip_core.data import datapoints
 from nip_core.data.splits import load_split
 from nip_core.malt.dataset_export import ExportContext, last_replies
-from nip_core.malt.evaluation import evaluation_items, evaluation_metrics, evaluation_table
+from nip_core.malt.evaluation import (
+    evaluation_items,
+    evaluation_metrics,
+    evaluation_table,
+    label_balanced_items,
+)
 from nip_core.play.episodes import evaluation_settings, journaled_clients, play
 from nip_core.run.artifacts import RunPaths, write_parquet
 from nip_core.run.iteration_context import IterationContext, with_group_models
@@ -50,7 +55,8 @@ def score_models(
     scored = with_group_models(context, group_models)
     points = datapoints(load_split(hp, "validation"))
     count = min(hp.text_rl.switch_guard_episodes, len(points))
-    items = evaluation_items(points, count, hp.seed, "validation")
+    pick = label_balanced_items if hp.text_rl.switch_guard_balance_labels else evaluation_items
+    items = pick(points, count, hp.seed, "validation")
     it = context.iteration
     # One journal for every scoring: a call that an earlier scoring already made (an agent
     # whose model is the same in both) is replayed, not asked again.
