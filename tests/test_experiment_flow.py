@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -200,6 +201,35 @@ def test_seeds_run_every_arm_and_a_rerun_skips_finished_seeds(prefect_harness, t
     before = digests(folder)
     assert experiment_main(args) == 0
     assert digests(folder) == before  # both seeds reused whole
+    check_combined_summary(folder, summary, tmp_path / "combined")
+
+
+def check_combined_summary(folder: Path, summary: pd.DataFrame, out: Path) -> None:
+    """scripts/combine_experiments.py on the experiment's own seeds gives its summary; a seed
+    that two experiments hold is refused."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    script = repo / "scripts" / "combine_experiments.py"
+    command = [sys.executable, str(script), "--out", str(out), "--resamples", "100"]
+
+    def run(*folders: Path) -> subprocess.CompletedProcess:
+        env = {**os.environ, "PYTHONPATH": str(repo)}
+        return subprocess.run(
+            [*command, *map(str, folders)], capture_output=True, text=True, env=env
+        )
+
+    done = run(folder)
+    assert done.returncode == 0, done.stderr
+    combined = pd.read_parquet(out / "summary.parquet")
+    keys, estimates = ["scope", "seed", "arm", "iteration"], ["accuracy_when_decided", "auc"]
+    columns = [*keys, *estimates, "decision_rate", "accept_rate"]
+    expected = summary[columns].sort_values(keys, na_position="first").reset_index(drop=True)
+    got = combined[columns].sort_values(keys, na_position="first").reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, expected)  # the point estimates; CIs are resampled
+    twice = run(folder, folder)
+    assert twice.returncode == 2 and "seed 5 is in more than one" in twice.stderr
 
 
 def load_split_labels(seed: int) -> dict[int, int]:
