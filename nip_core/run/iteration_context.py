@@ -7,7 +7,7 @@ agent order, reward mid-points, reward ranges, model groups and which agents are
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from nip_core.parameters import HyperParameters
 from nip_core.protocols import Protocol, make_protocol, reward_mid_point, reward_range
@@ -21,8 +21,12 @@ class IterationContext:
     protocol: Protocol
     agent_params: Mapping[str, object]
     groups: Mapping[str, tuple[str, ...]]  # group name -> agents, in protocol order
-    models: Mapping[str, str]  # agent -> model name used for generation this iteration
-    group_models: Mapping[str, str] = field(default_factory=dict)
+    group_models: Mapping[str, str]  # group name -> model used for generation this iteration
+
+    @property
+    def models(self) -> dict[str, str]:
+        """Agent -> the model it generates with this iteration: its group's."""
+        return {a: self.group_models[g] for g, agents in self.groups.items() for a in agents}
 
     @property
     def agent_names(self) -> tuple[str, ...]:
@@ -101,7 +105,6 @@ def build_context(
     protocol = make_protocol(hyper_params)
     agent_params = {a: hyper_params.agents[a] for a in protocol.agent_names}
     groups = group_agents(protocol, agent_params)
-    current = generating_models(groups, agent_params, group_models)
     return IterationContext(
         hyper_params=hyper_params,
         run_name=run_name,
@@ -109,8 +112,7 @@ def build_context(
         protocol=protocol,
         agent_params=agent_params,
         groups=groups,
-        models={a: current[g] for g, agents in groups.items() for a in agents},
-        group_models=current,
+        group_models=generating_models(groups, agent_params, group_models),
     )
 
 
@@ -131,5 +133,4 @@ def with_group_models(
     """`context` with its groups generating with `group_models` (the switch guard scores a
     candidate so), everything else, the server its clients use included, kept."""
     current = generating_models(context.groups, context.agent_params, group_models)
-    models = {a: current[g] for g, agents in context.groups.items() for a in agents}
-    return replace(context, models=models, group_models=current)
+    return replace(context, group_models=current)
