@@ -12,6 +12,7 @@ seeds are used at every iteration, so metrics move only because the models moved
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Literal
 
 import numpy as np
@@ -120,15 +121,12 @@ def label_balanced_items(
     of that label. Falls back to `evaluation_items` when the split holds one label only."""
     ordered = [item.datapoint for item in evaluation_items(points, len(points), run_seed, split)]
     by_label = [[p for p in ordered if p.y == label] for label in (1, 0)]
+    items = evaluation_items(points, count, run_seed, split)
     if not all(by_label):
-        return evaluation_items(points, count, run_seed, split)
+        return items
     return [
-        BatchItem(
-            batch_index=i,
-            datapoint=by_label[i % 2][(i // 2) % len(by_label[i % 2])],
-            episode_seed=stable_int("evaluation-episode", run_seed, split, i, bits=31),
-        )
-        for i in range(count)
+        replace(item, datapoint=by_label[i % 2][(i // 2) % len(by_label[i % 2])])
+        for i, item in enumerate(items)
     ]
 
 
