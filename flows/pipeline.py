@@ -4,8 +4,8 @@ select-batch -> generate-rollouts -> estimate-rewards -> select-pairs -> export-
 summarise -> [evaluate, per text_rl.test_scheme] -> fine-tune -> switch-model -> switch-guard
 -> publish-summary. Each task returns the artifacts it wrote and the flow hands them to the
 tasks that read them (so Prefect's graph is the data flow); each stage records itself in the
-iteration's manifest, so rerunning skips finished stages. `iteration_subflow` is the same as a Prefect
-subflow, so a multi-iteration run shows one flow run per iteration in the UI.
+iteration's manifest, so rerunning skips finished stages. `iteration_subflow` is the same as a
+Prefect subflow, so a multi-iteration run shows one flow run per iteration in the UI.
 """
 
 from __future__ import annotations
