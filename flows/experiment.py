@@ -262,8 +262,10 @@ def run_seeds(
     use_wandb: bool,
 ) -> dict[int, SeedResult]:
     """Every seed's results: a finished seed's from its files, the others run (side by side
-    where `seeds_at_once` says so)."""
-    results = {seed: finished_seed(experiment_paths, seed) for seed in seeds}
+    where `seeds_at_once` says so). A seed whose rows lack an arm or an iteration runs again:
+    its finished iterations resume from their files, so only what is new runs."""
+    arm_iterations = {arm: hp.rl.num_iterations for arm, hp in spec.arms.items()}
+    results = {seed: finished_seed(experiment_paths, seed, arm_iterations) for seed in seeds}
     pending = [seed for seed, done in results.items() if done is None]
     for seed in seeds:
         if results[seed] is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -240,3 +241,21 @@ def load_split_labels(seed: int) -> dict[int, int]:
     data, _ = split_config(dict(CONFIG, seed=seed))
     frame = load_split(HyperParameters.from_dict(data), "train")
     return dict(zip(frame["id"].astype(int), frame["y"].astype(int), strict=True))
+
+
+def test_a_finished_experiment_extends_by_more_iterations(prefect_harness, tmp_path):
+    """`experiment.iterations` 1 -> 2 on a finished experiment trains only the new iteration;
+    the first keeps its files."""
+    config = dict(CONFIG, experiment=dict(CONFIG["experiment"], iterations=1, arms={"malt": {}}))
+    args = ["--config", write_config(tmp_path, config), "--artifacts-root", str(tmp_path)]
+    args += ["--run-name", "ext", "--no-wandb"]
+    assert experiment_main(args) == 0
+    arm = tmp_path / "ext" / "seeds" / "11" / "arms" / "malt"
+    first = digests(arm / "iterations" / "0000")
+    assert experiment_main([*args, "--set", "experiment.iterations=2"]) == 0
+    assert digests(arm / "iterations" / "0000") == first
+    assert (arm / "iterations" / "0001" / "datasets" / "dpo" / "verifier.parquet").exists()
+    rows = pd.read_parquet(tmp_path / "ext" / "experiment.parquet")
+    assert sorted(rows.loc[rows.arm == "malt", "iteration"].unique()) == [1, 2]
+    stored = json.loads((arm / "hyper_params.json").read_text())
+    assert stored["rl"]["num_iterations"] == 2

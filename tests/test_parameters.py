@@ -181,6 +181,17 @@ def test_config_hash_is_stable_and_sensitive():
     assert rebuilt.config_hash() == a.config_hash()
 
 
+def test_config_hash_leaves_out_the_iteration_count_so_a_run_can_be_extended():
+    two, three = hyper(rl={"num_iterations": 2}), hyper(rl={"num_iterations": 3})
+    assert two.config_hash() == three.config_hash() == hyper().config_hash()
+    assert hyper(rl={"num_iterations": 2, "rollouts_per_iteration": 5}).config_hash() != (
+        two.config_hash()
+    )
+    # the hash older run folders hold counted the iterations
+    assert two.legacy_config_hash() != three.legacy_config_hash()
+    assert hyper().legacy_config_hash() == hyper().config_hash()  # the default count: unchanged
+
+
 def test_to_dict_never_contains_env_api_keys(monkeypatch):
     secret = "sk-test-SECRET-0123456789"
     monkeypatch.setenv("OPENAI_API_KEY", secret)

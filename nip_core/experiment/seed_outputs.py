@@ -89,14 +89,27 @@ def seed_file(experiment_paths: RunPaths, seed: int, name: str) -> str:
     return f"{experiment_paths.run_dir}/{seed_folder(seed)}/{name}"
 
 
-def finished_seed(experiment_paths: RunPaths, seed: int) -> SeedResult | None:
-    """(rows, training, timings) of a seed that finished in an earlier run, else None."""
+def finished_seed(
+    experiment_paths: RunPaths, seed: int, arm_iterations: dict[str, int] | None = None
+) -> SeedResult | None:
+    """(rows, training, timings) of a seed that finished in an earlier run, else None; with
+    `arm_iterations` (arm -> its iterations), None also when its rows lack one of them (an arm
+    added, or the experiment extended by more iterations since)."""
     fs = experiment_paths.fs
     files = [seed_file(experiment_paths, seed, n) for n in SEED_FILES]
     if not all(fs.exists(f) for f in files):
         return None
     rows, training, timings = (read_parquet(fs, f).to_pandas() for f in files)
+    if arm_iterations is not None and not rows_cover(rows, arm_iterations):
+        return None
     return rows, training, timings
+
+
+def rows_cover(rows: pd.DataFrame, arm_iterations: dict[str, int]) -> bool:
+    """Whether `rows` hold every arm's evaluations after each of its iterations 1..N."""
+    held = set(zip(rows["arm"], rows["iteration"], strict=True))
+    wanted = {(arm, it) for arm, n in arm_iterations.items() for it in range(1, n + 1)}
+    return wanted <= held
 
 
 def record_seed(experiment_paths: RunPaths, seed: int, result: SeedResult) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Self
 
 import nip_core
@@ -98,10 +98,21 @@ class HyperParameters(BaseParameters):
         return super().from_dict(converted, ignore_extra_keys=ignore_extra_keys)
 
     def config_hash(self) -> str:
-        """Stable sha256 hex digest of what differs from the defaults (`without_defaults`, sorted
-        keys, no package meta): adding a setting with a default keeps every run's hash."""
-        text = json.dumps(self.without_defaults(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+        """Stable sha256 hex digest of what sets this run apart: what differs from the defaults
+        (`without_defaults`, sorted keys, no package meta), `rl.num_iterations` aside.
+
+        Adding a setting with a default keeps every run's hash. How many iterations a run has
+        says when it stops, not what its iterations are, so a finished run extends by running it
+        again with a larger `rl.num_iterations`."""
+        stops_at_default = replace(
+            self, rl=replace(self.rl, num_iterations=RlTrainerParameters.num_iterations)
+        )
+        return _digest(stops_at_default.without_defaults())
+
+    def legacy_config_hash(self) -> str:
+        """The hash with `rl.num_iterations` in it, as older run folders' manifests hold it
+        (`nip_core.run.run_folder.upgrade_manifest_hashes` rewrites them)."""
+        return _digest(self.without_defaults())
 
     @classmethod
     def construct_test_params(cls) -> Self:
@@ -113,3 +124,8 @@ class HyperParameters(BaseParameters):
             agents=AgentsParameters.construct_test_params(),
             rl=RlTrainerParameters(num_iterations=2, rollouts_per_iteration=4),
         )
+
+
+def _digest(settings: dict) -> str:
+    text = json.dumps(settings, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()

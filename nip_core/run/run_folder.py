@@ -40,13 +40,54 @@ def check_stored_config(paths: RunPaths, hp: HyperParameters) -> None:
 
 
 def prepare_run(hp: HyperParameters, root: str, run_name: str) -> RunPaths:
-    """Open the run folder; its stored configuration must match (resume never asks questions)."""
+    """Open the run folder; its stored configuration must match (resume never asks questions).
+
+    A run asked for another `rl.num_iterations` than it stored is extended (or stopped
+    earlier): the stored configuration is rewritten with the new count."""
     paths = RunPaths.open(root, run_name)
     check_stored_config(paths, hp)
-    if not paths.fs.exists(paths.hyper_params):
+    stored = stored_config(paths)
+    if stored is not None:
+        upgrade_manifest_hashes(paths, stored, hp)
+    if stored is None or stored.rl.num_iterations != hp.rl.num_iterations:
+        if stored is not None:
+            log.info(
+                "%s: rl.num_iterations %d -> %d",
+                paths.run_dir,
+                stored.rl.num_iterations,
+                hp.rl.num_iterations,
+            )
         write_json(paths.fs, paths.hyper_params, hp.to_dict(include_package_meta=True))
     sweep_temporary_files(paths)
     return paths
+
+
+def stored_config(paths: RunPaths) -> HyperParameters | None:
+    """The configuration the run folder stored, None before its first run."""
+    if not paths.fs.exists(paths.hyper_params):
+        return None
+    return HyperParameters.from_dict(read_json(paths.fs, paths.hyper_params))
+
+
+def upgrade_manifest_hashes(
+    paths: RunPaths, stored: HyperParameters, hp: HyperParameters
+) -> list[int]:
+    """Rewrite the manifests that hold `stored`'s legacy hash (rl.num_iterations counted in)
+    with today's `config_hash`, so runs written before it left the hash resume and extend.
+    Returns the iterations rewritten."""
+    legacy, current = stored.legacy_config_hash(), hp.config_hash()
+    if legacy == current:
+        return []
+    upgraded = []
+    for iteration in paths.iterations():
+        try:
+            manifest = read_json(paths.fs, paths.manifest(iteration))
+        except ArtifactError:
+            continue  # load_manifest moves it aside when its iteration runs
+        if isinstance(manifest, dict) and manifest.get("config_hash") == legacy:
+            write_json(paths.fs, paths.manifest(iteration), manifest | {"config_hash": current})
+            upgraded.append(iteration)
+    return upgraded
 
 
 def sweep_temporary_files(paths: RunPaths) -> list[str]:
