@@ -11,7 +11,6 @@ from nip_core.parameters import (
     REFERENCE_CLASSES,
     UNSUPPORTED_REFERENCE_CLASSES,
     AgentsParameters,
-    ConstantUpdateSchedule,
     HyperParameters,
     PureTextAgentParameters,
     load_hyper_params,
@@ -198,7 +197,7 @@ def _check_loaded(params: HyperParameters) -> None:
     assert type(verifier) is PureTextAgentParameters
     assert verifier.temperature == 0.7 and verifier.max_response_words == 120
     assert verifier.use_dummy_api is True
-    assert verifier.update_schedule == ConstantUpdateSchedule()
+    assert not hasattr(verifier, "update_schedule")  # nip's tensor-era settings are dropped
     assert isinstance(params.agents, AgentsParameters) and list(params.agents) == ["verifier"]
     assert params.rl.num_iterations == 5 and params.rl.rollouts_per_iteration == 16
     assert params.rl.num_epochs == 4 and params.rl.num_test_iterations == 10
@@ -271,3 +270,27 @@ def test_unknown_and_unsupported_names_fail_clearly():
     data["nip_protocol"]["_type"] = "CodeValidationAgentParameters"
     with pytest.warns(UserWarning), pytest.raises(ValueError, match="not a kind of"):
         HyperParameters.from_dict(data)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "reason"),
+    [
+        ("load_checkpoint_and_parameters", True, "nip checkpoints are not loaded"),
+        ("agent_lr_factor", {"_type": "LrFactors", "actor": 0.5, "critic": 1.0}, "one rate"),
+        ("use_orthogonal_initialisation", False, "tensor agents"),
+        ("update_schedule", {"_type": "ContiguousPeriodicUpdateSchedule"}, "every iteration"),
+    ],
+)
+def test_nip_agent_settings_other_than_nips_values_are_refused_by_name(key, value, reason):
+    data = nip_config()
+    data["agents"]["verifier"][key] = value
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match=f"{key}=.*{reason}"):
+        HyperParameters.from_dict(data)
+
+
+def test_nip_agent_settings_at_nips_values_load_without_them():
+    agent = _nip_agent(agent_lr_factor={"_type": "LrFactors", "actor": 1.0, "critic": 1.0})
+    agent["checkpoint_run_id"] = "abc"  # where to load from: unread unless loading is asked for
+    loaded = PureTextAgentParameters.from_dict(agent)
+    assert loaded == PureTextAgentParameters(use_dummy_api=True)
+    assert "checkpoint_run_id" not in loaded.to_dict()

@@ -18,7 +18,6 @@ from nip_core.parameters import (
     DatasetParameters,
     DebateProtocolParameters,
     HyperParameters,
-    LrFactors,
     MnipProtocolParameters,
     NipProtocolParameters,
     PureTextAgentParameters,
@@ -54,8 +53,6 @@ def _base_strategy(annotation: Any) -> st.SearchStrategy:
         inner = UNIT
     elif str in members:
         inner = TEXT
-    elif LrFactors in members:
-        inner = st.builds(LrFactors, actor=ANY_FLOAT, critic=ANY_FLOAT)
     else:
         return st.nothing()
     return st.none() | inner if is_optional(annotation) else inner

@@ -70,7 +70,7 @@ def test_tensor_scenarios_are_rejected_clearly(scenario):
         ({"max_response_words": True}, "max_response_words: expected int"),
         ({"temperature": float("nan")}, "temperature: must be a finite number"),
         ({"model_name": None}, "model_name: expected str"),
-        ({"update_schedule": 3}, "update_schedule: expected"),
+        ({"model_server_replicas": "http://x"}, "model_server_replicas: expected list"),
     ],
 )
 def test_agent_validation_errors(kwargs, message):

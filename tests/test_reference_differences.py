@@ -17,12 +17,11 @@ from nip_core.run.artifacts import RunPaths
 from nip_core.run.iteration_context import build_context
 
 
-def test_load_from_wandb_config_returns_an_updated_agent_keeping_checkpoint_fields():
-    agent = PureTextAgentParameters(model_name="a", checkpoint_run_id="keep-me")
-    stored = PureTextAgentParameters(model_name="b", temperature=0.3, checkpoint_run_id="x")
-    loaded = agent.load_from_wandb_config({**stored.to_dict(), "_type": "Whatever"})
+def test_load_from_wandb_config_returns_an_updated_agent_ignoring_nip_checkpoint_fields():
+    agent = PureTextAgentParameters(model_name="a")
+    stored = PureTextAgentParameters(model_name="b", temperature=0.3).to_dict()
+    loaded = agent.load_from_wandb_config({**stored, "_type": "Whatever", "checkpoint_run_id": "x"})
     assert loaded.model_name == "b" and loaded.temperature == 0.3
-    assert loaded.checkpoint_run_id == "keep-me"
     assert agent.model_name == "a"  # frozen: the original is unchanged
     with pytest.raises(ValueError, match="is_random"):
         agent.load_from_wandb_config({"is_random": True})

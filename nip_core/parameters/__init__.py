@@ -13,9 +13,6 @@ from nip_core.parameters.agents import (
     DEFAULT_AGENT,
     AgentParameters,
     AgentsParameters,
-    AgentUpdateSchedule,
-    ConstantUpdateSchedule,
-    LrFactors,
     PureTextAgentParameters,
 )
 from nip_core.parameters.base import (
@@ -57,17 +54,14 @@ SubParameters = BaseParameters  # nip's name for the base of sub-parameter group
 __all__ = [
     "DEFAULT_AGENT",
     "AgentParameters",
-    "AgentUpdateSchedule",
     "AgentsParameters",
     "BaseParameters",
     "CodeValidationParameters",
     "CommonProtocolParameters",
-    "ConstantUpdateSchedule",
     "DatasetParameters",
     "DebateProtocolParameters",
     "HyperParameters",
     "InteractionProtocolType",
-    "LrFactors",
     "MnipProtocolParameters",
     "NipProtocolParameters",
     "ParameterValue",

@@ -1,15 +1,17 @@
 """Per-agent parameters and the agents mapping with its `"_default"` fallback.
 
-`PureTextAgentParameters` keeps every field of nip's pure-text agent, including the tensor-era
-ones (learning-rate factors, update schedule, manual architecture, checkpoint loading) so that
-dicts written by nip load unchanged; the pipeline only reads the text-model fields.
+`PureTextAgentParameters` holds the fields of nip's pure-text agent that a text agent uses, and
+ours. nip's tensor-era and checkpoint fields (learning-rate factors, update schedule, manual
+architecture, orthogonal initialisation, checkpoint loading) are not fields: an agent dict that
+holds nip's value for them loads without them, any other value is refused
+(`nip_core.parameters.versions.without_nip_agent_settings`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Self
 
 from nip_core.model_api.dpo_losses import DpoLossType
@@ -21,28 +23,9 @@ from nip_core.parameters.base import (
     resolve_class,
 )
 from nip_core.parameters.validation import validate
+from nip_core.parameters.versions import without_nip_agent_settings
 
 DEFAULT_AGENT = "_default"
-
-
-@register_parameter_class
-@dataclass(frozen=True)
-class LrFactors(BaseParameters):
-    """Learning-rate multipliers for the actor and critic parts (tensor-era, kept for compat)."""
-
-    actor: float = 1.0
-    critic: float = 1.0
-
-
-@dataclass(frozen=True)
-class AgentUpdateSchedule(BaseParameters):
-    """When an agent is updated during training (a value object: serialised with `_type`)."""
-
-
-@register_parameter_class
-@dataclass(frozen=True)
-class ConstantUpdateSchedule(AgentUpdateSchedule):
-    """The agent is updated on every iteration (the only schedule the text trainers use)."""
 
 
 @dataclass(frozen=True)
@@ -58,32 +41,31 @@ class AgentParameters(BaseParameters):
         return out
 
     @classmethod
+    def from_dict(cls, params_dict: dict, ignore_extra_keys: bool = False) -> Self:
+        """Rebuild from a dict ours or nip's; nip's tensor-era and checkpoint settings are
+        dropped where they hold nip's value and refused otherwise."""
+        if isinstance(params_dict, dict):
+            params_dict = without_nip_agent_settings(params_dict)
+        return super().from_dict(params_dict, ignore_extra_keys=ignore_extra_keys)
+
+    @classmethod
     def _from_checked_dict(cls, params_dict: dict, kwargs: dict) -> Self:
         flag = params_dict.get("is_random", cls.is_random)
         if flag != cls.is_random:
             raise ValueError(f"is_random={flag!r} does not match {cls.__name__}")
         return super()._from_checked_dict(params_dict, kwargs)
 
-    # Kept from the current agent when loading another run's agent settings (as in nip).
-    LOAD_PRESERVED_PARAMETERS: ClassVar[tuple[str, ...]] = (
-        "load_checkpoint_and_parameters",
-        "checkpoint_entity",
-        "checkpoint_project",
-        "checkpoint_run_id",
-        "checkpoint_version",
-    )
-
     def load_from_wandb_config(self, wandb_config: Mapping[str, Any]) -> Self:
         """These parameters updated from an agent's settings as a wandb run config stores them.
 
         nip updates the agent in place; ours are frozen, so this returns a new, validated
-        agent. Checkpoint fields stay as they are; keys that are not fields (`_type`,
-        `is_random`, ...) are ignored, except that `is_random` must match.
+        agent. Keys that are not fields (`_type`, `is_random`, nip's checkpoint and tensor-era
+        settings, ...) are ignored, except that `is_random` must match.
         """
         flag = wandb_config.get("is_random", self.is_random)
         if flag != self.is_random:
             raise ValueError(f"is_random={flag!r} does not match {type(self).__name__}")
-        names = {f.name for f in dataclasses.fields(self)} - set(self.LOAD_PRESERVED_PARAMETERS)
+        names = {f.name for f in dataclasses.fields(self)}
         return dataclasses.replace(self, **{k: v for k, v in wandb_config.items() if k in names})
 
 
@@ -96,18 +78,6 @@ class PureTextAgentParameters(AgentParameters):
     one of `lora_alpha`/`lora_alpha_scale` may be set.
     """
 
-    agent_lr_factor: LrFactors | dict | None = None
-    body_lr_factor: LrFactors | dict | None = None
-    update_schedule: AgentUpdateSchedule | dict = field(default_factory=ConstantUpdateSchedule)
-    use_manual_architecture: bool = False
-    normalize_message_history: bool = False
-    load_checkpoint_and_parameters: bool = False
-    checkpoint_entity: str = field(default_factory=str)
-    checkpoint_project: str = field(default_factory=str)
-    checkpoint_run_id: str | None = None
-    checkpoint_version: str = "latest"
-    use_orthogonal_initialisation: bool = True
-    orthogonal_initialisation_gain: float = 1.0
     model_provider: Literal["OpenAI", "SelfHosted", "OpenRouter"] = "OpenAI"
     model_name: str = "gpt-4o-mini-2024-07-18"
     language_model_server_scheme_host: str = "http://localhost"

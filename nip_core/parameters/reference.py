@@ -17,18 +17,16 @@ Whole sections nip writes for tensor scenarios and trainers (`ppo`, `vanilla_ppo
 `ReinforceParameters`, `SoloAgentParameters`, `ImageClassificationParameters`,
 `ZkProtocolParameters`, `MessageRegressionParameters`, `BaseRunParameters`) are dropped, with a
 warning, by the version conversion in `versions.py` before any `_type` is resolved. nip classes
-for values we do not implement (random, graph and image agents; periodic update schedules) fail
-with an error naming the class and the reason; any other unknown name fails as unknown.
+for values we do not implement (random, graph and image agents) fail with an error naming the
+class and the reason; any other unknown name fails as unknown. nip's agent fields for tensor
+agents and checkpoints (`update_schedule`, `agent_lr_factor`, ...) and the classes they hold
+(`ConstantUpdateSchedule`, `LrFactors`) are dropped when they hold nip's defaults and refused
+otherwise (`versions.without_nip_agent_settings`).
 """
 
 from __future__ import annotations
 
-from nip_core.parameters.agents import (
-    AgentsParameters,
-    ConstantUpdateSchedule,
-    LrFactors,
-    PureTextAgentParameters,
-)
+from nip_core.parameters.agents import AgentsParameters, PureTextAgentParameters
 from nip_core.parameters.base import (
     ParameterValue,
     register_parameter_alias,
@@ -59,9 +57,6 @@ REFERENCE_CLASSES: dict[str, type[ParameterValue]] = {
     "CodeValidationAgentParameters": PureTextAgentParameters,
     "PureTextAgentParameters": PureTextAgentParameters,
     "AgentsParameters": AgentsParameters,
-    "LrFactors": LrFactors,
-    # update schedules
-    "ConstantUpdateSchedule": ConstantUpdateSchedule,
     # protocols
     "CommonProtocolParameters": CommonProtocolParameters,
     "NipProtocolParameters": NipProtocolParameters,
@@ -85,12 +80,6 @@ UNSUPPORTED_REFERENCE_CLASSES: dict[str, str] = {
     "RandomAgentParameters": "random agents are not implemented (text agents only)",
     "GraphIsomorphismAgentParameters": _NOT_TEXT,
     "ImageClassificationAgentParameters": _NOT_TEXT,
-    "ContiguousPeriodicUpdateSchedule": (
-        "the text trainers update every agent on every iteration (ConstantUpdateSchedule only)"
-    ),
-    "AlternatingPeriodicUpdateSchedule": (
-        "the text trainers update every agent on every iteration (ConstantUpdateSchedule only)"
-    ),
 }
 
 for _name, _cls in REFERENCE_CLASSES.items():

@@ -138,6 +138,33 @@ _NIP_ONLY_SECTION_KEYS = {
 }
 _RL_KEYS = ("num_iterations", "rollouts_per_iteration", "num_test_iterations", "num_epochs")
 
+_TENSOR_AGENT = "a setting of nip's tensor agents; a text agent's model is its model_name"
+_LR_FACTORS = "learning-rate factors of a tensor agent's parts; a text fine-tune has one rate"
+# nip's per-agent settings that no text agent reads: (nip's value, why another is refused)
+_AGENT_LEFTOVERS: dict[str, tuple[object, str]] = {
+    "agent_lr_factor": (None, _LR_FACTORS),
+    "body_lr_factor": (None, _LR_FACTORS),
+    "update_schedule": (
+        {"_type": "ConstantUpdateSchedule"},
+        "the text trainers update every agent on every iteration (freeze_agent stops one)",
+    ),
+    "use_manual_architecture": (False, _TENSOR_AGENT),
+    "normalize_message_history": (False, _TENSOR_AGENT),
+    "use_orthogonal_initialisation": (True, _TENSOR_AGENT),
+    "orthogonal_initialisation_gain": (1.0, _TENSOR_AGENT),
+    "load_checkpoint_and_parameters": (
+        False,
+        "nip checkpoints are not loaded; name the model to start from in model_name",
+    ),
+}
+# where a checkpoint is loaded from: read only when load_checkpoint_and_parameters is true
+_CHECKPOINT_KEYS = (
+    "checkpoint_entity",
+    "checkpoint_project",
+    "checkpoint_run_id",
+    "checkpoint_version",
+)
+
 
 def _rename_protocols(d: dict) -> None:
     proto = d.get("interaction_protocol")
@@ -169,6 +196,25 @@ def _drop_nip_only_keys(d: dict) -> list[str]:
         dropped += [f"rl.{k}" for k in rl if k not in kept and k != "_type"]
         d["rl"] = {**kept, "_type": "RlTrainerParameters"}
     return dropped
+
+
+def _holds_nip_value(key: str, value: object) -> bool:
+    if key.endswith("_lr_factor") and isinstance(value, dict):  # LrFactors(actor=1, critic=1)
+        factors = {k: v for k, v in value.items() if k != "_type"}
+        return set(factors) <= {"actor", "critic"} and all(v == 1.0 for v in factors.values())
+    return value == _AGENT_LEFTOVERS[key][0]
+
+
+def without_nip_agent_settings(agent: dict) -> dict:
+    """`agent` without nip's tensor-era and checkpoint settings, which no text agent reads:
+    each must hold nip's value (a dict nip wrote, or one of ours from before they went);
+    ValueError naming the first that asks for something the text agents do not do."""
+    for key in [k for k in agent if k in _AGENT_LEFTOVERS]:
+        if not _holds_nip_value(key, agent[key]):
+            reason = _AGENT_LEFTOVERS[key][1]
+            raise ValueError(f"agent setting {key}={agent[key]!r} is not supported: {reason}")
+    dropped = set(_AGENT_LEFTOVERS) | set(_CHECKPOINT_KEYS)
+    return {k: v for k, v in agent.items() if k not in dropped}
 
 
 @register_conversion(None, "0.1.0")
