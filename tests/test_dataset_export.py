@@ -395,3 +395,21 @@ def test_malt_guess_replaced_pairs_prefer_the_true_verdict(solo_tree):
     table = export.dpo_table(rows)
     assert table.schema == schemas.DPO
     assert table.column("guess_replaced").to_pylist() == [True] * len(rows)
+
+
+def test_alternate_verdicts_parses_sampled_replies_as_the_rewards_do():
+    """Sampled verdicts ("Decision: Accept.") alternate like written ones; a reply without a
+    verdict goes last. (Matching the written text only left every sampled pair unalternated.)"""
+    def row(name: str, reply: str) -> dict:
+        return {"name": name, "chosen": [{"role": "assistant", "content": reply}]}
+
+    rows = [
+        row("r1", "Decision: reject"),
+        row("r2", "The loop is empty. Decision: REJECT."),
+        row("n1", "I am not sure."),
+        row("r3", "**Decision:** Reject"),
+        row("a1", "Decision: Accept."),
+        row("a2", "Decision: accept"),
+    ]
+    order = [r["name"] for r in export.alternate_verdicts(rows, "chosen")]
+    assert order == ["a1", "r1", "a2", "r2", "r3", "n1"]

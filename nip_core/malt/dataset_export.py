@@ -13,8 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from nip_core.agents import chat_messages, training_conversation
-from nip_core.agents.prompts import verdict_text
+from nip_core.agents import chat_messages, parse_decision, training_conversation
 from nip_core.episode import ACCEPT, REJECT
 from nip_core.malt import schemas
 from nip_core.malt.rollout_tree import BatchItem, history, turns_by_node
@@ -104,15 +103,16 @@ def agent_chat(
 
 
 def alternate_verdicts(rows: Sequence[dict], column: str) -> list[dict]:
-    """The rows reordered to alternate those whose `column` (a chat) ends in "Decision: accept"
-    with those ending in "Decision: reject" (each kept in its order), then the rest. Trained
-    in this order (no shuffling), every optimizer step of an even number of rows sees both
-    verdicts as often, so no step moves the verifier's bias alone."""
-    verdict = {verdict_text(ACCEPT): 0, verdict_text(REJECT): 1}
-    queues: list[list[dict]] = [[], [], []]
+    """The rows reordered to alternate those whose `column` (a chat) ends in an "accept" verdict
+    with those ending in "reject" (each kept in its order), then the rest. The verdict is
+    parsed as the rewards parse it, so a sampled "Decision: Accept." counts as the written
+    "Decision: accept" does. Trained in this order (no shuffling), every optimizer step of an
+    even number of rows sees both verdicts as often, so no step moves the verifier's bias
+    alone."""
+    queues: dict[str | None, list[dict]] = {"accept": [], "reject": [], None: []}
     for row in rows:
-        queues[verdict.get((row[column][-1].get("content") or "").strip(), 2)].append(row)
-    accepts, rejects, rest = queues
+        queues[parse_decision(row[column][-1].get("content") or "")].append(row)
+    accepts, rejects, rest = queues["accept"], queues["reject"], queues[None]
     out = [row for pair in zip(accepts, rejects, strict=False) for row in pair]
     n = min(len(accepts), len(rejects))
     return out + accepts[n:] + rejects[n:] + rest
