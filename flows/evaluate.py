@@ -54,7 +54,7 @@ def evaluate_flow(
     root = artifacts_root or default_root()
     require_previous_models(RunPaths.open(root, run_name), iteration)  # before a server starts
     with open_run(hp, root, run_name) as run:  # never beside a training run's writes
-        metrics = evaluate_task(run.paths, run.context(iteration), split)
+        metrics = evaluate_task(run.paths, run.context(iteration), split).metrics
         with run.tracking(use_wandb) as tracker:
             log_evaluation(tracker, metrics, iteration)
     print(f"iteration {iteration} {format_metrics(metrics)}")

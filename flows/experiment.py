@@ -126,12 +126,12 @@ def evaluate_iteration(
     """Evaluate the models of `iteration` (the base models for 0) on `split`, with the
     verifier's P(accept) per episode."""
     context = run.context(iteration)
-    metrics = evaluate_task(run.paths, context, split)
-    print(f"{run.run_name} iteration {iteration} {format_metrics(metrics)}")
-    score_verdicts(run.paths, context, split)
+    evaluation = evaluate_task(run.paths, context, split)
+    print(f"{run.run_name} iteration {iteration} {format_metrics(evaluation.metrics)}")
+    score_verdicts(run.paths, context, split, evaluation.nodes_file)
     if tracker is not None:
-        log_evaluation(tracker, metrics, iteration)
-    return metrics
+        log_evaluation(tracker, evaluation.metrics, iteration)
+    return evaluation.metrics
 
 
 def run_arm(run: OpenRun, settings: ExperimentSettings, use_wandb: bool) -> None:

@@ -22,6 +22,7 @@ from nip_core.run.artifacts import RunPaths, read_json
 from nip_core.run.iteration_context import IterationContext
 from nip_core.run.stages import record_server_restarts, stage_seconds
 from nip_core.run.tracking import Tracker, log_iteration
+from nip_core.training.fine_tune_stage import earlier_exports
 from tasks.batch import select_batch_task
 from tasks.evaluate import evaluate_shard_task, evaluate_task
 from tasks.export import export_datasets_task
@@ -54,10 +55,13 @@ def run_iteration_stages(
     hp = context.hyper_params
     if should_evaluate(hp.text_rl.test_scheme, context.iteration, hp.rl.num_iterations):
         shards = evaluate_shards_on_task_runner(paths, context) if distributed else None
-        stats["eval"] = evaluate_task(paths, context, shard_files=shards)
+        stats["eval"] = evaluate_task(paths, context, shard_files=shards).metrics
     if tracker is not None:
         log_iteration(tracker, stats, context.iteration)
-    jobs = fine_tune_task(paths, context, datasets)
+    earlier = (
+        earlier_exports(paths, context) if hp.text_rl.fine_tune_on_all_previous_rollouts else {}
+    )
+    jobs = fine_tune_task(paths, context, datasets, earlier)
     candidates = switch_model_task(paths, context, jobs)
     stats["models_after"] = switch_guard_task(paths, context, candidates)
     publish_summary_task(paths, context, stats)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from prefect import task
 
 from nip_core.malt.evaluation import file_stem
-from nip_core.play.evaluation_stage import evaluate, evaluate_shard
+from nip_core.play.evaluation_stage import Evaluation, evaluate, evaluate_shard
 from nip_core.run.artifacts import RunPaths
 from nip_core.run.iteration_context import IterationContext
 from tasks import TRANSIENT_RETRY
@@ -23,8 +23,8 @@ def evaluate_task(
     context: IterationContext,
     split: str = "test",
     shard_files: list[str] | None = None,
-) -> dict:
-    """The evaluation's metrics."""
+) -> Evaluation:
+    """The evaluation's metrics and the episodes file it wrote."""
     with rollout_progress(
         context, what=f"{split} evaluation", artifact_name=file_stem(split)
     ) as progress:

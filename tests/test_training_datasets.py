@@ -42,7 +42,7 @@ def test_fine_tune_stage_concatenates_every_iteration_so_far(prefect_harness, tm
     from nip_core.parameters import load_hyper_params
     from nip_core.run.artifacts import RunPaths
     from nip_core.run.iteration_context import build_context
-    from nip_core.training.fine_tune_stage import exported_datasets, training_data
+    from nip_core.training.fine_tune_stage import earlier_exports, training_data
 
     overrides = [
         "agents._default.use_dummy_api=true",
@@ -58,7 +58,7 @@ def test_fine_tune_stage_concatenates_every_iteration_so_far(prefect_harness, tm
     context = build_context(hp, "all", 1)
     manifest = json.loads((tmp_path / "all" / "iterations" / "0001" / "manifest.json").read_text())
     this_iteration = manifest["stages"]["export"]["info"]
-    exports = exported_datasets(paths, context, this_iteration)
+    exports = earlier_exports(paths, context) | {1: this_iteration}
     assert exports[1] == this_iteration and exports[0]["verifier"]["kind"] == "dpo"
     jsonl, rows, method = training_data(paths, context, exports, "verifier")
     parts = [

@@ -28,14 +28,16 @@ from nip_core.run.stages import run_stage
 log = logging.getLogger(__name__)
 
 
-def score_verdicts(paths: RunPaths, context: IterationContext, split: str) -> dict:
-    """`<stem>-verdicts.parquet`: the verifier's P(accept) on each evaluated episode, scored by
-    the model it decided with (stage `verdicts-<split>`; p_accept null where the provider
-    cannot score)."""
+def score_verdicts(
+    paths: RunPaths, context: IterationContext, split: str, evaluation_nodes: str
+) -> dict:
+    """`<stem>-verdicts.parquet`: the verifier's P(accept) on each episode of the evaluation
+    whose episodes file is `evaluation_nodes`, scored by the model it decided with (stage
+    `verdicts-<split>`; p_accept null where the provider cannot score)."""
     it, stem = context.iteration, file_stem(split)
 
     def compute():
-        nodes = read_parquet(paths.fs, paths.iteration_file(it, nodes_file(stem)))
+        nodes = read_parquet(paths.fs, paths.iteration_file(it, evaluation_nodes))
         items = {item.batch_index: item for item in select_items(context, split)}
         export = ExportContext(context.protocol, context.agent_params, items, it)
         episodes = verdict_conversations(nodes, export)

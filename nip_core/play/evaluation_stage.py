@@ -9,6 +9,7 @@ One sample per turn on the test split (or another split, e.g. `flows.evaluate --
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -27,15 +28,24 @@ from nip_core.run.iteration_files import (
 from nip_core.run.stages import finished_stage, run_stage
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """What the evaluation stage gives: its metrics, and the episodes file it wrote (relative to
+    the iteration folder) for the stages that read the episodes again."""
+
+    metrics: dict
+    nodes_file: str
+
+
 def evaluate(
     paths: RunPaths,
     context: IterationContext,
     split: str = "test",
     progress=None,
     shard_files: list[str] | None = None,
-) -> dict:
-    """Run (or reuse) the evaluation stage; returns its metrics. With `shard_files` (grown by
-    `evaluate_shard` on a distributed task runner) the episodes are read, not generated."""
+) -> Evaluation:
+    """Run (or reuse) the evaluation stage. With `shard_files` (grown by `evaluate_shard` on a
+    distributed task runner) the episodes are read, not generated."""
     it, stem = context.iteration, file_stem(split)
 
     def compute():
@@ -63,7 +73,8 @@ def evaluate(
         metrics["models"] = dict(context.models)
         return files, metrics
 
-    return dict(run_stage(paths, context, stage_name(split), compute)["info"])
+    metrics = dict(run_stage(paths, context, stage_name(split), compute)["info"])
+    return Evaluation(metrics, nodes_file(stem))
 
 
 def evaluation_shards(context: IterationContext, split: str) -> list[list[BatchItem]]:

@@ -59,19 +59,17 @@ def groups_for(context: IterationContext) -> dict[str, SharedModelGroup]:
     return groups
 
 
-def exported_datasets(
-    paths: RunPaths, context: IterationContext, datasets: dict[str, dict]
-) -> dict[int, dict]:
-    """Iteration -> its export stage's datasets per group: this iteration's `datasets`, and
-    every earlier iteration's from its manifest (`fine_tune_on_all_previous_rollouts` trains on
-    them too)."""
+def earlier_exports(paths: RunPaths, context: IterationContext) -> dict[int, dict]:
+    """Iteration -> its export stage's datasets per group, for every iteration before this one
+    that exported: what `fine_tune` trains on too under `fine_tune_on_all_previous_rollouts`
+    (the flow reads them from the manifests and hands them over)."""
     found = {}
     for it in range(context.iteration):
         manifest = load_manifest(paths, it, context.run_name, context.hyper_params.config_hash())
         export = manifest.get("stages", {}).get("export")
         if export is not None:
             found[it] = export["info"]
-    return found | {context.iteration: datasets}
+    return found
 
 
 def training_data(
@@ -89,11 +87,10 @@ def training_data(
 
 
 async def submit_and_wait(
-    paths: RunPaths, context: IterationContext, datasets: dict[str, dict]
+    paths: RunPaths, context: IterationContext, exports: dict[int, dict]
 ) -> dict:
     it = context.iteration
     groups = groups_for(context)
-    exports = exported_datasets(paths, context, datasets)
     from_base = context.hyper_params.text_rl.fine_tune_on_all_previous_rollouts
 
     async def one(name: str) -> dict:
@@ -162,17 +159,23 @@ async def switch_groups(
 
 
 def fine_tune(
-    paths: RunPaths, context: IterationContext, datasets: dict[str, dict]
+    paths: RunPaths,
+    context: IterationContext,
+    datasets: dict[str, dict],
+    earlier_datasets: dict[int, dict] | None = None,
 ) -> dict[str, str]:
-    """Run (or reuse) the stage "fine_tune" on the export stage's `datasets`; returns each
-    trainable group's job record (`fine_tune/<group>.json`)."""
+    """Run (or reuse) the stage "fine_tune" on the export stage's `datasets` (and, with
+    `fine_tune_on_all_previous_rollouts`, on `earlier_datasets`, iteration -> that iteration's
+    `datasets`: `earlier_exports`); returns each trainable group's job record
+    (`fine_tune/<group>.json`)."""
     it = context.iteration
+    exports = dict(earlier_datasets or {}) | {it: datasets}
 
     def digest(name: str) -> str:
         return sha256_bytes(read_bytes(paths.fs, paths.iteration_file(it, name)))
 
     def compute():
-        info = asyncio.run(submit_and_wait(paths, context, datasets))
+        info = asyncio.run(submit_and_wait(paths, context, exports))
         files = {fine_tune_record(g): digest(fine_tune_record(g)) for g in info}
         steps = [fine_tune_steps(g) for g in info]  # jobs that reported steps only
         steps = [s for s in steps if paths.fs.exists(paths.iteration_file(it, s))]
