@@ -178,7 +178,7 @@ VLLM_TARGETS = [
 ]
 # One MALT iteration small enough for the 2-core CPU (also tests/test_vllm_cpu.py's end-to-end run)
 VLLM_OVERRIDES = [
-    "agents._default.vllm_enforce_eager=true",  # no torch.compile: vLLM starts in half the time
+    "server.vllm_enforce_eager=true",  # no torch.compile: vLLM starts in half the time
     "interaction_protocol=solo_verifier",
     "rl.rollouts_per_iteration=2",
     # MALT's label pairs are balanced (as many "accept" as "reject"): this seed's batch of two
@@ -311,7 +311,7 @@ def main() -> int:
     port = free_port()
     overrides = [f"agents._default.language_model_server_port={port}"]
     if args.engine == "vllm":
-        overrides += [*VLLM_OVERRIDES, f"agents._default.vllm_server_port={free_port()}"]
+        overrides += [*VLLM_OVERRIDES, f"server.vllm_port={free_port()}"]
     reference_root = work / "reference"
     started = time.monotonic()
     flow = start(run_command(reference_root, overrides), env, reference_root / "run.log", "ref")

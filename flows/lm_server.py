@@ -1,11 +1,11 @@
 """The run's self-hosted language-model server: its own, found again, shared, or started.
 
-Which agents are self-hosted, on which port, with which engine and flags is read here from the
-run's agent settings; `nip_core.lm_server.launch` starts the process and `supervise` restarts
+Which agents are self-hosted and on which port is read here from the run's agent settings, the
+engine and flags from its `server` section; `nip_core.lm_server.launch` starts the process and `supervise` restarts
 it when it dies. The server's state goes under the run folder (`<run>/lm_server/`), and its
 `/health` names the run that owns it, so two runs never share one by accident: a run whose
 port answers with another run's server starts its own on a free port (and its context points
-its clients there, `served_context`); `language_model_server_shared` shares one on purpose. A
+its clients there, `served_context`); `server.shared` shares one on purpose. A
 run opened inside another (an experiment's arm inside its seed's base run) is handed the outer
 run's server. A flow stops only a server it started itself (a shared one: never).
 """
@@ -49,8 +49,8 @@ def self_hosted_agents(context: IterationContext) -> list:
 
 
 def self_hosted_endpoint(context: IterationContext) -> tuple[str, str, int] | None:
-    """(scheme://host, host, port) of the server the run needs, or None: the first self-hosted
-    agent's `self_hosted_url`."""
+    """(scheme://host, host, port) of the server the run needs, or None: the self-hosted agents'
+    `self_hosted_url` (they all name the same server: `AgentsParameters` checks)."""
     agents = self_hosted_agents(context)
     if not agents:
         return None
@@ -61,38 +61,36 @@ def self_hosted_endpoint(context: IterationContext) -> tuple[str, str, int] | No
 
 
 def server_engine(context: IterationContext) -> str:
-    """The engine to start the server with: NIP_LM_SERVER_ENGINE when set, else the first
-    self-hosted agent's `language_model_server_engine`, else transformers."""
+    """The engine to start the server with: NIP_LM_SERVER_ENGINE when set, else
+    `server.engine`, else transformers."""
     if os.environ.get(ENGINE_ENV):
         return os.environ[ENGINE_ENV]
-    for params in context.agent_params.values():
-        if provider_of(params).self_hosted and params.language_model_server_engine:
-            return params.language_model_server_engine
-    return "transformers"
+    return context.hyper_params.server.engine or "transformers"
 
 
 def server_options(context: IterationContext, engine: str) -> list[str]:
-    """Our server's engine and training flags from the self-hosted agents' settings: vLLM's
-    port, parallelism, memory share, context length and LoRA rank limit; GPUs per training job."""
+    """Our server's engine and training flags from the run's `server` section: vLLM's port,
+    parallelism, memory share and context length, GPUs per training job; and vLLM's LoRA rank
+    limit from the self-hosted agents' ranks."""
     agents = self_hosted_agents(context)
     if not agents:
         return []
-    first = agents[0]
-    options = ["--train-processes", str(first.training_num_processes)]
-    if first.training_deepspeed_config:
-        options += ["--train-deepspeed-config", first.training_deepspeed_config]
+    server = context.hyper_params.server
+    options = ["--train-processes", str(server.training_num_processes)]
+    if server.training_deepspeed_config:
+        options += ["--train-deepspeed-config", server.training_deepspeed_config]
     if engine != "vllm":
         return options
     options += [
-        "--vllm-port", str(first.vllm_server_port),
-        "--vllm-tensor-parallel-size", str(first.vllm_tensor_parallel_size),
-        "--vllm-data-parallel-size", str(first.vllm_data_parallel_size),
-        "--vllm-gpu-memory-utilization", str(first.vllm_gpu_memory_utilization),
+        "--vllm-port", str(server.vllm_port),
+        "--vllm-tensor-parallel-size", str(server.vllm_tensor_parallel_size),
+        "--vllm-data-parallel-size", str(server.vllm_data_parallel_size),
+        "--vllm-gpu-memory-utilization", str(server.vllm_gpu_memory_utilization),
         "--vllm-max-lora-rank", str(max(p.lora_rank for p in agents)),
     ]  # fmt: skip
-    if first.vllm_max_model_len is not None:
-        options += ["--vllm-max-model-len", str(first.vllm_max_model_len)]
-    if first.vllm_enforce_eager:
+    if server.vllm_max_model_len is not None:
+        options += ["--vllm-max-model-len", str(server.vllm_max_model_len)]
+    if server.vllm_enforce_eager:
         options += ["--vllm-enforce-eager"]
     return options
 
@@ -116,8 +114,7 @@ def ensure_lm_server(
                 url, f"the language-model server at {url} does not answer; start it there"
             )
         return ServerHandle(url, None)
-    first = self_hosted_agents(context)[0]
-    shared = first.language_model_server_shared
+    shared = context.hyper_params.server.shared
     state_dir = _state_dir(paths, port, shared)
     if identity is not None:
         if _usable_by_any_run(identity, shared):
@@ -171,7 +168,7 @@ def _other_port(port: int, why: str) -> int:
     chosen = free_port()
     log.warning(
         "%s; this run starts a server of its own on port %d instead of %d "
-        "(language_model_server_shared: true shares one)",
+        "(server.shared: true shares one)",
         why, chosen, port,
     )  # fmt: skip
     return chosen
@@ -195,13 +192,12 @@ def _start(
     command = server_command(port, engine, options, state_dir, owner)
     url = f"{scheme_host}:{port}"
     state_dir = state_dir or Path(".")
-    first = self_hosted_agents(context)[0]
     server = SupervisedServer(
         url,
         command,
         state_dir,
         default_timeout(engine) if timeout is None else timeout,
-        max_restarts=0 if shared else first.language_model_server_max_restarts,
+        max_restarts=0 if shared else context.hyper_params.server.max_restarts,
     )
     server.start()
     if shared:
@@ -259,13 +255,13 @@ def side_by_side_urls(context: IterationContext, count: int) -> list[str | None]
     if endpoint is None:
         return [None] * count
     scheme_host, host, port = endpoint
-    if host not in LOOPBACK or self_hosted_agents(context)[0].language_model_server_shared:
+    if host not in LOOPBACK or context.hyper_params.server.shared:
         return [None] * count
     if server_engine(context) == "vllm":
         raise ValueError(
             "seeds side by side need a server each, and vLLM servers would contend for the "
             "same ports and accelerator memory: set experiment.parallel_seeds: 1, or serve "
-            "with language_model_server_engine: transformers"
+            "with server.engine: transformers"
         )
     free = list(islice((p for p in range(port, port + 1000) if port_is_free(host, p)), count))
     if len(free) < count:

@@ -400,6 +400,7 @@ def test_malt_guess_replaced_pairs_prefer_the_true_verdict(solo_tree):
 def test_alternate_verdicts_parses_sampled_replies_as_the_rewards_do():
     """Sampled verdicts ("Decision: Accept.") alternate like written ones; a reply without a
     verdict goes last. (Matching the written text only left every sampled pair unalternated.)"""
+
     def row(name: str, reply: str) -> dict:
         return {"name": name, "chosen": [{"role": "assistant", "content": reply}]}
 

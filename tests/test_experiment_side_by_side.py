@@ -62,7 +62,7 @@ def test_side_by_side_urls_skip_busy_ports(dummy_engine):
 def test_side_by_side_urls_leave_other_servers_alone(dummy_engine):
     dummy_api = build_context(HyperParameters.construct_test_params(), "r", 0)
     assert lm_server.side_by_side_urls(dummy_api, 2) == [None, None]
-    shared = self_hosted(free_port(), "agents._default.language_model_server_shared=true")
+    shared = self_hosted(free_port(), "server.shared=true")
     assert lm_server.side_by_side_urls(shared, 2) == [None, None]
     remote = self_hosted(7, "agents._default.language_model_server_scheme_host=http://10.0.0.7")
     assert lm_server.side_by_side_urls(remote, 2) == [None, None]  # the user's own server

@@ -98,7 +98,7 @@ def test_easy_experiment_two_seeds_on_one_gpu(prefect_harness, tmp_path):
         "--set",
         "experiment.seeds=2",
         "--set",
-        "agents._default.language_model_server_engine=transformers",
+        "server.engine=transformers",
         "--set",
         "agents._default.language_model_server_port=5391",
     ]

@@ -125,7 +125,7 @@ def test_served_context_points_only_self_hosted_agents_at_the_server():
 
 def test_shared_runs_use_one_server_that_outlives_them(tmp_path):
     port = free_port()
-    context = self_hosted(port, "agents._default.language_model_server_shared=true")
+    context = self_hosted(port, "server.shared=true")
     run_a, run_b = RunPaths.open(str(tmp_path), "A"), RunPaths.open(str(tmp_path), "B")
     with lm_server.lm_server_for(run_a, context) as server_a:
         pid = server_identity(server_a.url)["pid"]
@@ -177,7 +177,7 @@ def test_a_killed_server_is_restarted_on_its_port_and_state_folder(tmp_path):
 
 
 def test_restarts_stop_at_the_limit_and_say_why(tmp_path):
-    context = self_hosted(free_port(), "agents._default.language_model_server_max_restarts=0")
+    context = self_hosted(free_port(), "server.max_restarts=0")
     with lm_server.lm_server_for(RunPaths.open(str(tmp_path), "A"), context) as server:
         os.kill(server.process.pid, signal.SIGKILL)
         assert wait_until(lambda: server.gave_up is not None)

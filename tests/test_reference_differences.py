@@ -1,5 +1,6 @@
 """Where we follow the seeds after all: `load_from_wandb_config`, version checks when a stored
-run is read, and `vllm_server_port` as the port of the vLLM server."""
+run is read, and `server.vllm_port` (nip's per-agent `vllm_server_port`) as the port of the vLLM
+server."""
 
 from __future__ import annotations
 
@@ -41,14 +42,14 @@ def test_reading_a_run_checks_the_stored_parameter_version(tmp_path):
         _ = read_run(paths.run_dir).hyper_params
 
 
-def test_the_vllm_engine_gets_the_agents_vllm_server_port(tmp_path, monkeypatch):
+def test_the_vllm_engine_gets_the_servers_vllm_port(tmp_path, monkeypatch):
     hp = apply_overrides(
         HyperParameters.construct_test_params(),
         [
             "agents._default.model_provider=SelfHosted",
             "agents._default.use_dummy_api=false",
             "agents._default.language_model_server_port=5999",
-            "agents._default.vllm_server_port=8123",
+            "server.vllm_port=8123",
         ],
     )
     commands = []
@@ -83,14 +84,14 @@ def test_gpu_settings_reach_the_vllm_and_training_command_lines(tmp_path, monkey
         [
             "agents._default.model_provider=SelfHosted",
             "agents._default.use_dummy_api=false",
-            "agents._default.vllm_tensor_parallel_size=4",
-            "agents._default.vllm_data_parallel_size=2",
-            "agents._default.vllm_gpu_memory_utilization=0.7",
-            "agents._default.vllm_max_model_len=8192",
-            "agents._default.vllm_enforce_eager=true",
+            "server.vllm_tensor_parallel_size=4",
+            "server.vllm_data_parallel_size=2",
+            "server.vllm_gpu_memory_utilization=0.7",
+            "server.vllm_max_model_len=8192",
+            "server.vllm_enforce_eager=true",
             "agents._default.lora_rank=32",
-            "agents._default.training_num_processes=8",
-            "agents._default.training_deepspeed_config=zero2.json",
+            "server.training_num_processes=8",
+            "server.training_deepspeed_config=zero2.json",
         ],
     )
     flags = lm_server.server_options(build_context(hp, "r", 0), "vllm")
@@ -128,8 +129,8 @@ def test_the_server_engine_comes_from_the_config_and_the_environment_wins(monkey
 
     monkeypatch.delenv(lm_server.ENGINE_ENV, raising=False)
     assert engine() == "transformers"
-    assert engine("agents._default.language_model_server_engine=vllm") == "vllm"
+    assert engine("server.engine=vllm") == "vllm"
     monkeypatch.setenv(lm_server.ENGINE_ENV, "dummy")
-    assert engine("agents._default.language_model_server_engine=vllm") == "dummy"
-    with pytest.raises(ValueError, match="language_model_server_engine"):
-        engine("agents._default.language_model_server_engine=tgi")
+    assert engine("server.engine=vllm") == "dummy"
+    with pytest.raises(ValueError, match="engine"):
+        engine("server.engine=tgi")

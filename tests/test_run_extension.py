@@ -46,6 +46,27 @@ def test_manifests_holding_the_legacy_hash_are_upgraded(tmp_path):
     assert hashes == [three.config_hash(), three.config_hash(), "f" * 64]
 
 
+def test_a_folder_stored_in_an_older_format_is_upgraded(tmp_path):
+    """Settings since moved (the server's, once per agent) or dropped (nip's tensor-era ones)
+    change the hash under a run's manifests: they are upgraded, the configuration restored in
+    today's format, and the run resumes."""
+    hp = hyper(agents={"_default": {"model_provider": "SelfHosted"}}, server={"engine": "vllm"})
+    old = hp.to_dict(include_package_meta=True)
+    old["agents"]["_default"] |= {
+        "language_model_server_engine": "vllm",
+        "use_manual_architecture": False,
+    }
+    del old["server"]
+    paths = RunPaths.open(str(tmp_path), "r")
+    write_json(paths.fs, paths.hyper_params, old)
+    write_json(paths.fs, paths.manifest(0), new_manifest("r", 0, "a" * 64))
+    prepare_run(hp, str(tmp_path), "r")
+    assert json.loads(open(paths.manifest(0)).read())["config_hash"] == hp.config_hash()
+    stored = json.loads(open(paths.hyper_params).read())
+    assert stored["server"]["engine"] == "vllm"
+    assert "language_model_server_engine" not in stored["agents"]["_default"]
+
+
 def test_rows_cover_every_arm_and_iteration():
     rows = pd.DataFrame({"arm": ["base", "malt", "malt"], "iteration": [0, 1, 2]})
     assert rows_cover(rows, {"malt": 2})

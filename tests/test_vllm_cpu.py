@@ -223,7 +223,7 @@ def test_one_malt_iteration_served_by_vllm_on_cpu(tmp_path):
     overrides = [
         *E2E,
         f"agents._default.language_model_server_port={port}",
-        f"agents._default.vllm_server_port={vllm_port}",
+        f"server.vllm_port={vllm_port}",
     ]
     command = [sys.executable, "-m", "flows.malt_iteration", "--run-name", "e2e"]
     command += ["--artifacts-root", str(tmp_path), "--no-wandb"]

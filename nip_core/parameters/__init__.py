@@ -41,6 +41,7 @@ from nip_core.parameters.protocols import (
 )
 from nip_core.parameters.reference import REFERENCE_CLASSES, UNSUPPORTED_REFERENCE_CLASSES
 from nip_core.parameters.scenario import CodeValidationParameters, DatasetParameters
+from nip_core.parameters.server import ServerParameters
 from nip_core.parameters.trainers import (
     PureTextEiParameters,
     PureTextMaltParameters,
@@ -70,6 +71,7 @@ __all__ = [
     "PureTextMaltParameters",
     "REFERENCE_CLASSES",
     "RlTrainerParameters",
+    "ServerParameters",
     "ScenarioType",
     "SubParameters",
     "TextRlParameters",

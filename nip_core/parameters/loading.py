@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from nip_core.parameters.agents import AgentsParameters
+from nip_core.parameters.agents import AgentParameters, AgentsParameters
 from nip_core.parameters.base import BaseParameters, ParameterValue
 from nip_core.parameters.hyper import HyperParameters
 from nip_core.parameters.typing_utils import (
@@ -44,6 +44,7 @@ from nip_core.parameters.typing_utils import (
     union_members,
 )
 from nip_core.parameters.validation import check_training_signal, setting_several_fields
+from nip_core.parameters.versions import AGENT_SERVER_KEYS
 
 _YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -149,6 +150,9 @@ def _override(obj: Any, parts: list[str], raw: str, key: str) -> Any:
     if not isinstance(obj, BaseParameters):
         raise KeyError(f"override {key!r}: the address continues past a plain value")
     hints = field_hints(type(obj))
+    if head not in hints and isinstance(obj, AgentParameters) and head in AGENT_SERVER_KEYS:
+        moved = f"server.{AGENT_SERVER_KEYS[head]}"
+        raise KeyError(f"override {key!r}: a setting of the run's server now; set {moved}")
     if head not in hints:
         raise KeyError(f"override {key!r}: {type(obj).__name__} has no parameter {head!r}")
     current = getattr(obj, head)

@@ -119,14 +119,6 @@ def _agent_rules(p: Any) -> None:
     timeout = p.request_timeout_seconds
     if timeout is not None:
         _require(timeout > 0, f"{name}.request_timeout_seconds: must be > 0, got {timeout}")
-    _in_range(
-        name, "vllm_gpu_memory_utilization", p.vllm_gpu_memory_utilization, 0, 1, open_low=True
-    )
-    _require(
-        p.vllm_max_model_len is None or p.vllm_max_model_len >= 1,
-        f"{name}.vllm_max_model_len: must be >= 1",
-    )
-    _require(p.training_num_processes >= 1, f"{name}.training_num_processes: must be >= 1")
     for url in p.model_server_replicas or ():
         _require(
             isinstance(url, str) and url.startswith(("http://", "https://")),
@@ -254,11 +246,38 @@ def check_training_signal(p: Any) -> None:
     )
 
 
+@rule("ServerParameters")
+def _server_rules(p: Any) -> None:
+    _in_range(
+        "ServerParameters",
+        "vllm_gpu_memory_utilization",
+        p.vllm_gpu_memory_utilization,
+        0,
+        1,
+        open_low=True,
+    )
+    _require(
+        p.vllm_max_model_len is None or p.vllm_max_model_len >= 1,
+        "ServerParameters.vllm_max_model_len: must be >= 1",
+    )
+
+
 @rule("AgentsParameters")
 def _agents_rules(agents: Any) -> None:
     names = [n for n in agents if n != "_default"]
     for name in agents:
         _require(isinstance(name, str) and name != "", f"agent names must be strings: {name!r}")
+    served = {
+        (params.language_model_server_scheme_host, params.language_model_server_port): name
+        for name, params in agents.items()
+        if getattr(params, "model_provider", None) == "SelfHosted" and not params.use_dummy_api
+    }
+    _require(
+        len(served) <= 1,
+        "the self-hosted agents name different servers "
+        f"({', '.join(f'{n}: {h}:{p}' for (h, p), n in served.items())}); one server serves "
+        "the run",
+    )
     for a in names:
         for b in names:
             _require(a == b or a not in b, f"agent name {a!r} is a substring of {b!r}")

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import nip_core
+from nip_core.parameters.server import ServerParameters
 
 PACKAGE_NAME = "nip-malt"
 PACKAGE_NAME_KEY = "_package_name"
@@ -203,6 +204,73 @@ def _holds_nip_value(key: str, value: object) -> bool:
         factors = {k: v for k, v in value.items() if k != "_type"}
         return set(factors) <= {"actor", "critic"} and all(v == 1.0 for v in factors.values())
     return value == _AGENT_LEFTOVERS[key][0]
+
+
+# settings of the run's server that nip and our older configs kept on every agent -> `server.*`
+AGENT_SERVER_KEYS = {
+    "language_model_server_engine": "engine",
+    "language_model_server_shared": "shared",
+    "language_model_server_max_restarts": "max_restarts",
+    "vllm_server_port": "vllm_port",
+    "vllm_tensor_parallel_size": "vllm_tensor_parallel_size",
+    "vllm_data_parallel_size": "vllm_data_parallel_size",
+    "vllm_gpu_memory_utilization": "vllm_gpu_memory_utilization",
+    "vllm_max_model_len": "vllm_max_model_len",
+    "vllm_enforce_eager": "vllm_enforce_eager",
+    "training_num_processes": "training_num_processes",
+    "training_deepspeed_config": "training_deepspeed_config",
+}
+
+
+def _server_default(key: str) -> object:
+    return getattr(ServerParameters, key)
+
+
+def server_settings_from_agents(d: dict) -> dict:
+    """`d` with the server settings its agents hold moved into its `server` section: one server
+    serves the run, so they are set once. A value at its default counts as unset; two agents,
+    or an agent and `server`, asking for different values is a ValueError naming both."""
+    agents = d.get("agents")
+    if not isinstance(agents, dict):
+        return d
+    server = dict(d.get("server") or {})
+    found: dict[str, tuple[str, object]] = {}  # server key -> (where it was set, value)
+    for key, value in server.items():
+        found[key] = (f"server.{key}", value)
+    moved_agents = {}
+    for name, agent in agents.items():
+        if isinstance(agent, dict):
+            agent = dict(agent)
+            for old in [k for k in agent if k in AGENT_SERVER_KEYS]:
+                key, value = AGENT_SERVER_KEYS[old], agent.pop(old)
+                if value == _server_default(key):
+                    continue
+                where, earlier = found.setdefault(key, (f"agents.{name}.{old}", value))
+                if earlier != value:
+                    raise ValueError(
+                        f"agents.{name}.{old}={value!r} and {where}={earlier!r}: one server "
+                        f"serves the run; set it once, as server.{key}"
+                    )
+                server[key] = value
+        moved_agents[name] = agent
+    out = {**d, "agents": moved_agents}
+    if server:
+        out["server"] = server
+    return out
+
+
+def without_server_settings(agent: dict) -> dict:
+    """`agent` without server settings at their defaults (an agent dict nip wrote, or one of
+    ours from before they moved); ValueError for one that asks for more: it belongs in the
+    run's `server` section."""
+    for old in [k for k in agent if k in AGENT_SERVER_KEYS]:
+        key = AGENT_SERVER_KEYS[old]
+        if agent[old] != _server_default(key):
+            raise ValueError(
+                f"agent setting {old}={agent[old]!r} is a setting of the run's server: "
+                f"set server.{key}"
+            )
+    return {k: v for k, v in agent.items() if k not in AGENT_SERVER_KEYS}
 
 
 def without_nip_agent_settings(agent: dict) -> dict:

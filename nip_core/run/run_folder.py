@@ -12,6 +12,7 @@ from pathlib import Path
 
 from nip_core.data.splits import load_split
 from nip_core.parameters import HyperParameters
+from nip_core.parameters.versions import PACKAGE_NAME_KEY, PACKAGE_VERSION_KEY
 from nip_core.run.artifacts import ArtifactError, RunPaths, read_json, stage_is_done, write_json
 
 log = logging.getLogger(__name__)
@@ -42,22 +43,22 @@ def check_stored_config(paths: RunPaths, hp: HyperParameters) -> None:
 def prepare_run(hp: HyperParameters, root: str, run_name: str) -> RunPaths:
     """Open the run folder; its stored configuration must match (resume never asks questions).
 
-    A run asked for another `rl.num_iterations` than it stored is extended (or stopped
-    earlier): the stored configuration is rewritten with the new count."""
+    The stored configuration is then rewritten as `hp` writes it: with the `rl.num_iterations`
+    asked for (a run extended, or stopped earlier), and in today's format when an older version
+    wrote it (its manifests' hashes are upgraded first, `upgrade_manifest_hashes`)."""
     paths = RunPaths.open(root, run_name)
     check_stored_config(paths, hp)
-    stored = stored_config(paths)
+    written = hp.to_dict(include_package_meta=True)
+    stored = (
+        read_json(paths.fs, paths.hyper_params) if paths.fs.exists(paths.hyper_params) else None
+    )
     if stored is not None:
         upgrade_manifest_hashes(paths, stored, hp)
-    if stored is None or stored.rl.num_iterations != hp.rl.num_iterations:
-        if stored is not None:
-            log.info(
-                "%s: rl.num_iterations %d -> %d",
-                paths.run_dir,
-                stored.rl.num_iterations,
-                hp.rl.num_iterations,
-            )
-        write_json(paths.fs, paths.hyper_params, hp.to_dict(include_package_meta=True))
+        before = HyperParameters.from_dict(stored).rl.num_iterations
+        if before != hp.rl.num_iterations:
+            log.info("%s: rl.num_iterations %d -> %d", paths.run_dir, before, hp.rl.num_iterations)
+    if stored != written:
+        write_json(paths.fs, paths.hyper_params, written)
     sweep_temporary_files(paths)
     return paths
 
@@ -69,25 +70,31 @@ def stored_config(paths: RunPaths) -> HyperParameters | None:
     return HyperParameters.from_dict(read_json(paths.fs, paths.hyper_params))
 
 
-def upgrade_manifest_hashes(
-    paths: RunPaths, stored: HyperParameters, hp: HyperParameters
-) -> list[int]:
-    """Rewrite the manifests that hold `stored`'s legacy hash (rl.num_iterations counted in)
-    with today's `config_hash`, so runs written before it left the hash resume and extend.
-    Returns the iterations rewritten."""
-    legacy, current = stored.legacy_config_hash(), hp.config_hash()
-    if legacy == current:
-        return []
+def upgrade_manifest_hashes(paths: RunPaths, stored: dict, hp: HyperParameters) -> list[int]:
+    """Give the manifests today's `config_hash` where only the hash's definition moved under
+    them: the run folder's `stored` configuration (its hyper_params.json, which matches `hp`)
+    was written in an older format (settings since moved or dropped), or the manifest holds
+    its legacy hash (`rl.num_iterations` counted in). The stored configuration, checked first,
+    is what guards a folder against another configuration. Returns the iterations rewritten."""
+    loaded = HyperParameters.from_dict(stored)
+    older_format = _without_meta(stored) != _without_meta(loaded.to_dict())
+    legacy, current = loaded.legacy_config_hash(), hp.config_hash()
     upgraded = []
     for iteration in paths.iterations():
         try:
             manifest = read_json(paths.fs, paths.manifest(iteration))
         except ArtifactError:
             continue  # load_manifest moves it aside when its iteration runs
-        if isinstance(manifest, dict) and manifest.get("config_hash") == legacy:
+        if not isinstance(manifest, dict) or manifest.get("config_hash") == current:
+            continue
+        if older_format or manifest.get("config_hash") == legacy:
             write_json(paths.fs, paths.manifest(iteration), manifest | {"config_hash": current})
             upgraded.append(iteration)
     return upgraded
+
+
+def _without_meta(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k not in (PACKAGE_NAME_KEY, PACKAGE_VERSION_KEY)}
 
 
 def sweep_temporary_files(paths: RunPaths) -> list[str]:
