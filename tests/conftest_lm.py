@@ -133,6 +133,18 @@ def dpo_lines(count: int = 8) -> list[dict]:
     ]
 
 
+def kto_lines(count: int = 8) -> list[dict]:
+    """Unpaired answers, two desirable to every undesirable one (KTO weighs the imbalance)."""
+    return [
+        {
+            "input": {"messages": [{"role": "user", "content": f"Is {i}+{i}={2 * i}? Answer."}]},
+            "output": [{"role": "assistant", "content": "No, reject." if i % 3 == 2 else "Yes."}],
+            "label": i % 3 != 2,
+        }
+        for i in range(count)
+    ]
+
+
 def sft_lines(count: int = 8) -> list[dict]:
     return [
         {

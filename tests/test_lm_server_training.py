@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest_lm import dpo_lines, running_server, sft_lines, upload, wait_job
+from tests.conftest_lm import dpo_lines, kto_lines, running_server, sft_lines, upload, wait_job
 from tests.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -85,6 +85,22 @@ def test_dpo_job_produces_a_served_adapter_that_answers_differently(server, tiny
     assert _greedy(client, done.fine_tuned_model) != _greedy(client, str(tiny_model))
     events = [e.message for e in client.fine_tuning.jobs.list_events(done.id, limit=100)]
     assert any(m.startswith("Step ") and "loss=" in m for m in events)
+
+
+def test_kto_job_trains_unpaired_answers_with_weights_from_their_labels(server, tiny_model):
+    method = {"type": "kto", "kto": {"hyperparameters": {"n_epochs": 2, "batch_size": 2}}}
+    done, output = _train(server, str(tiny_model), method, kto_lines(9), FAST)
+    assert (output / "adapter_model.safetensors").is_file()
+    client = server.client()
+    assert _greedy(client, done.fine_tuned_model) != _greedy(client, str(tiny_model))
+    events = [e.message for e in client.fine_tuning.jobs.list_events(done.id, limit=100)]
+    assert any(m.startswith("Training kto") for m in events)
+    assert any(m.startswith("Step ") and "loss=" in m for m in events)
+    with pytest.raises(Exception, match="batch_size >= 2"):
+        one = {"type": "kto", "kto": {"hyperparameters": {"batch_size": 1}}}
+        client.fine_tuning.jobs.create(
+            model=str(tiny_model), training_file=upload(client, kto_lines(4)).id, method=one
+        )
 
 
 def test_sft_job_produces_a_served_adapter_that_answers_differently(server, tiny_model):

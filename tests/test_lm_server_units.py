@@ -184,3 +184,22 @@ def test_dpo_jobs_of_several_epochs_compute_the_reference_log_probabilities_once
         return trainer_config(parse_options(method, {}), "/tmp/unused").precompute_ref_log_probs
 
     assert precomputes(4) is True and precomputes(1) is False  # one epoch: once either way
+
+
+def test_kto_rows_parse_and_their_weights_follow_the_labels():
+    from nip_core.lm_server.training import kto_rows, kto_weights
+    from tests.conftest_lm import kto_lines
+
+    rows = parse_dataset("\n".join(json.dumps(line) for line in kto_lines(9)), "kto")
+    assert rows[0]["completion"] == [{"role": "assistant", "content": "Yes."}]
+    assert [row["label"] for row in rows].count(True) == 6
+    options = TrainingOptions(method="kto")
+    assert kto_weights(options, rows) == {"desirable_weight": 0.5, "undesirable_weight": 1.0}
+    given = TrainingOptions(method="kto", undesirable_weight=2.0)
+    assert kto_weights(given, rows)["undesirable_weight"] == 2.0
+    assert kto_rows(TrainingOptions(method="kto", shuffle=False), rows) == rows
+    shuffled = kto_rows(TrainingOptions(method="kto", seed=1), rows)
+    assert shuffled != rows and sorted(map(str, shuffled)) == sorted(map(str, rows))
+    bad = json.dumps({**kto_lines(1)[0], "label": "yes"})
+    with pytest.raises(DatasetError, match="line 1: 'label' must be true"):
+        parse_dataset(bad, "kto")

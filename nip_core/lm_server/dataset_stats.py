@@ -42,10 +42,12 @@ def _split_sft(messages: list[dict]) -> tuple[list[dict], list[dict]]:
 
 
 def example_tokens(tokenizer, row: dict, method: str) -> dict[str, int]:
-    """One row's counts: prompt, completion (chosen for DPO), rejected (DPO) and the longest
+    """One row's counts: prompt, completion (chosen for DPO; KTO's one answer), rejected (DPO) and the longest
     sequence the trainer builds from it (prompt + completion)."""
     if method == "dpo":
         prompt, answers = row["prompt"], {"completion": row["chosen"], "rejected": row["rejected"]}
+    elif method == "kto":
+        prompt, answers = row["prompt"], {"completion": row["completion"]}
     else:
         prompt, completion = _split_sft(row["messages"])
         answers = {"completion": completion}

@@ -3,7 +3,10 @@
 Supervised lines look like ``{"messages": [{"role": ..., "content": ...}, ...]}`` and become TRL
 language-modelling rows ``{"messages": [...]}``. DPO lines look like ``{"input": {"messages":
 [...]}, "preferred_output": [{"role": "assistant", ...}], "non_preferred_output": [...]}`` and
-become TRL preference rows ``{"prompt": [...], "chosen": [...], "rejected": [...]}``.
+become TRL preference rows ``{"prompt": [...], "chosen": [...], "rejected": [...]}``. KTO lines
+(ours: the OpenAI API has no such method) look like ``{"input": {"messages": [...]}, "output":
+[{"role": "assistant", ...}], "label": true}`` and become TRL unpaired rows ``{"prompt": [...],
+"completion": [...], "label": true}``: one answer, marked desirable or not.
 
 >>> line = '{"input": {"messages": [{"role": "user", "content": "hi"}]}, '
 >>> line += '"preferred_output": [{"role": "assistant", "content": "a"}], '
@@ -19,7 +22,7 @@ from typing import Any
 
 from nip_core.model_api.chat_format import fold_speaker_names
 
-METHODS = ("supervised", "dpo")
+METHODS = ("supervised", "dpo", "kto")
 _ROLES = ("system", "user", "assistant")
 
 
@@ -31,7 +34,7 @@ def parse_dataset(text: str, method: str) -> list[dict]:
     """Validate every line of `text` for `method` and return the TRL rows."""
     if method not in METHODS:
         raise DatasetError(f"unknown fine-tuning method {method!r}; use one of {METHODS}")
-    convert = _supervised_row if method == "supervised" else _dpo_row
+    convert = {"supervised": _supervised_row, "dpo": _dpo_row, "kto": _kto_row}[method]
     rows = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -94,13 +97,29 @@ def _single_answer(value: Any, where: str) -> list[dict]:
     return messages
 
 
-def _dpo_row(item: Any) -> dict:
-    item = _object(item)
+def _prompt(item: dict) -> list[dict]:
     prompt_holder = item.get("input")
     if not isinstance(prompt_holder, dict):
         raise DatasetError("'input' must be an object with 'messages'")
+    return _messages(prompt_holder.get("messages"), "'input.messages'")
+
+
+def _kto_row(item: Any) -> dict:
+    item = _object(item)
+    label = item.get("label")
+    if not isinstance(label, bool):
+        raise DatasetError(f"'label' must be true (desirable) or false, got {label!r}")
     return {
-        "prompt": _messages(prompt_holder.get("messages"), "'input.messages'"),
+        "prompt": _prompt(item),
+        "completion": _single_answer(item.get("output"), "'output'"),
+        "label": label,
+    }
+
+
+def _dpo_row(item: Any) -> dict:
+    item = _object(item)
+    return {
+        "prompt": _prompt(item),
         "chosen": _single_answer(item.get("preferred_output"), "'preferred_output'"),
         "rejected": _single_answer(item.get("non_preferred_output"), "'non_preferred_output'"),
     }

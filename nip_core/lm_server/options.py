@@ -1,7 +1,8 @@
 """Training options of one fine-tuning job, parsed from the OpenAI-shaped create request.
 
 The OpenAI part (`method.<type>.hyperparameters`: n_epochs, beta, batch_size,
-learning_rate_multiplier) and our extension `nip_training` (use_lora, lora_rank, lora_alpha,
+learning_rate_multiplier; type "supervised" or "dpo", or our "kto", whose hyperparameters add
+desirable_weight and undesirable_weight) and our extension `nip_training` (use_lora, lora_rank, lora_alpha,
 lora_dropout, stack_lora_adapters, quantization, learning_rate, seed, loss_type, rpo_alpha,
 gradient_accumulation_steps, shuffle, activation_checkpointing) are merged into one frozen
 record that the training child receives as JSON. Bad values raise `OptionsError` naming the field.
@@ -14,7 +15,7 @@ from typing import Any
 
 from nip_core.model_api.dpo_losses import LOSS_TYPES
 
-_DEFAULT_LR = {"dpo": 1e-5, "supervised": 2e-5}
+_DEFAULT_LR = {"dpo": 1e-5, "supervised": 2e-5, "kto": 1e-5}
 _NIP_FIELDS = (
     "use_lora",
     "lora_rank",
@@ -66,6 +67,10 @@ class TrainingOptions:
     # Recompute activations in the backward pass; None: the trainer decides (on a GPU, and on
     # CPU for batches over `training.CPU_CHECKPOINTING_TOKENS`).
     activation_checkpointing: bool | None = None
+    # KTO: the loss weights of desirable and undesirable answers; None: from the labels' counts,
+    # so that both kinds weigh the same in all (`training.kto_weights`)
+    desirable_weight: float | None = None
+    undesirable_weight: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -96,7 +101,7 @@ def _method(method: Any) -> tuple[str, dict]:
     if method is None:
         return "supervised", {}
     if not isinstance(method, dict) or method.get("type") not in _DEFAULT_LR:
-        raise OptionsError("method.type must be 'supervised' or 'dpo'", "method")
+        raise OptionsError("method.type must be 'supervised', 'dpo' or 'kto' (ours)", "method")
     kind = method["type"]
     section = method.get(kind) or {}
     hyper = section.get("hyperparameters") or {} if isinstance(section, dict) else None
@@ -139,13 +144,20 @@ def parse_options(method: Any, nip_training: Any, seed: Any = None) -> TrainingO
     if quantization not in QUANTIZATIONS:
         raise OptionsError(f"quantization must be one of {QUANTIZATIONS}", "quantization")
     seed = nip.get("seed", seed)
+    batch_size = _number(_auto(hyper.get("batch_size")) or 2, "batch_size", int, 1, 4096)
+    if kind == "kto" and batch_size < 2:
+        raise OptionsError(
+            "KTO needs batch_size >= 2: its KL term pairs each answer with another prompt of the "
+            "batch",
+            "batch_size",
+        )
     loss_type = nip.get("loss_type") or "sigmoid"
     if loss_type not in LOSS_TYPES:
         raise OptionsError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}", "loss_type")
     return TrainingOptions(
         method=kind,
         n_epochs=_number(_auto(hyper.get("n_epochs")) or 1, "n_epochs", int, 1, 1000),
-        batch_size=_number(_auto(hyper.get("batch_size")) or 2, "batch_size", int, 1, 4096),
+        batch_size=batch_size,
         learning_rate=_number(lr, "learning_rate", float, 0, 1),
         beta=_number(_auto(hyper.get("beta")) or 0.1, "beta", float, 0, 2),
         use_lora=_bool(nip.get("use_lora", True), "use_lora"),
@@ -164,7 +176,24 @@ def parse_options(method: Any, nip_training: Any, seed: Any = None) -> TrainingO
         activation_checkpointing=_optional_bool(
             nip.get("activation_checkpointing"), "activation_checkpointing"
         ),
+        **_kto_weights(kind, hyper),
     )
+
+
+def _kto_weights(kind: str, hyper: dict) -> dict:
+    """KTO's desirable/undesirable weights from the method's hyperparameters ("auto" or absent:
+    None, set from the labels); other methods take none."""
+    names = ("desirable_weight", "undesirable_weight")
+    given = {name: _auto(hyper.get(name)) for name in names}
+    if kind != "kto":
+        extra = [name for name, value in given.items() if value is not None]
+        if extra:
+            raise OptionsError(f"{extra[0]} is a KTO hyperparameter; method is {kind}", extra[0])
+        return {}
+    return {
+        name: None if value is None else _number(value, name, float, 0, 1000)
+        for name, value in given.items()
+    }
 
 
 def _optional_bool(value: Any, name: str) -> bool | None:

@@ -1,8 +1,8 @@
 """The training code path shared by the server's training child and `bench/dpo_step.py`.
 
 It loads the model to train from (a base model, optionally with a previous adapter that is either
-re-used or merged and stacked), builds a TRL `DPOTrainer` or `SFTTrainer` with our precision
-policy, and saves the result. Precision by device: fp32 without gradient checkpointing on CPU
+re-used or merged and stacked), builds a TRL `DPOTrainer`, `KTOTrainer` or `SFTTrainer` with our
+precision policy, and saves the result. Precision by device: fp32 without gradient checkpointing on CPU
 (bf16 autocast is ~29x slower there), bf16 (fp16 if unsupported) on CUDA. torch, transformers,
 peft and trl are imported inside the functions so that importing this module stays cheap.
 """
@@ -113,7 +113,7 @@ PRECOMPUTE_REFERENCE_LOGPS = True
 
 def trainer_config(options: TrainingOptions, output_dir: str, **overrides: Any):
     """The TRL config for `options`: no hub, no reports, no checkpoints, our precision."""
-    from trl import DPOConfig, SFTConfig
+    from trl import DPOConfig, KTOConfig, SFTConfig
 
     common: dict[str, Any] = {
         "output_dir": output_dir,
@@ -139,7 +139,46 @@ def trainer_config(options: TrainingOptions, output_dir: str, **overrides: Any):
         }
         losses = dpo_losses(options) | reference
         return DPOConfig(beta=options.beta, disable_dropout=disable, **losses | common | overrides)
+    if options.method == "kto":
+        # The KL term pairs each answer with the next prompt of its batch, precomputed in a
+        # fixed order: TRL needs sequential batches (`kto_rows` shuffles the rows instead).
+        reference = {
+            "precompute_ref_log_probs": PRECOMPUTE_REFERENCE_LOGPS and options.n_epochs > 1
+        }
+        common["train_sampling_strategy"] = "sequential"
+        return KTOConfig(beta=options.beta, **reference | common | overrides)
     return SFTConfig(**common | overrides)
+
+
+def kto_weights(options: TrainingOptions, rows: list[dict]) -> dict[str, float]:
+    """KTO's desirable and undesirable loss weights: as asked, else set from the labels so that
+    both kinds weigh the same in all (the smaller kind at weight 1; KTO's paper asks for a
+    weighted ratio between 1 and 4/3)."""
+    desirable = sum(1 for row in rows if row["label"])
+    undesirable = len(rows) - desirable
+    auto_desirable, auto_undesirable = 1.0, 1.0
+    if desirable and undesirable:
+        if desirable > undesirable:
+            auto_desirable = undesirable / desirable
+        else:
+            auto_undesirable = desirable / undesirable
+    given = options.desirable_weight, options.undesirable_weight
+    return {
+        "desirable_weight": auto_desirable if given[0] is None else given[0],
+        "undesirable_weight": auto_undesirable if given[1] is None else given[1],
+    }
+
+
+def kto_rows(options: TrainingOptions, rows: list[dict]) -> list[dict]:
+    """The rows in training order: as given, or (shuffle) a permutation seeded by the job's seed,
+    since KTO's batches must be sequential."""
+    if not options.shuffle:
+        return list(rows)
+    import random
+
+    shuffled = list(rows)
+    random.Random(options.seed).shuffle(shuffled)
+    return shuffled
 
 
 def dpo_losses(options: TrainingOptions) -> dict[str, Any]:
@@ -184,10 +223,11 @@ def batch_tokens(tokenizer, rows: list[dict], options: TrainingOptions) -> int:
     """Tokens in the largest batch the trainer can see (longest row x sequences per batch)."""
     longest = 0
     for row in rows:
-        parts = row.get("messages") or (row.get("prompt", []) + row.get("chosen", []))
+        answer = row.get("chosen") or row.get("completion") or []
+        parts = row.get("messages") or (row.get("prompt", []) + answer)
         text = " ".join(m.get("content") or "" for m in parts)
         longest = max(longest, len(tokenizer(text, add_special_tokens=False)["input_ids"]))
-    sequences = options.batch_size * (2 if options.method == "dpo" else 1)
+    sequences = options.batch_size * (1 if options.method == "supervised" else 2)
     return longest * sequences
 
 
@@ -234,10 +274,13 @@ SHARE_PAIR_PROMPTS = True
 def build_trainer(options, model, tokenizer, rows, output_dir, peft_config=None, callbacks=()):
     """A ready TRL trainer over the TRL-format `rows`."""
     from datasets import Dataset
-    from trl import DPOTrainer, SFTTrainer
+    from trl import DPOTrainer, KTOTrainer, SFTTrainer
 
-    trainer_cls = DPOTrainer if options.method == "dpo" else SFTTrainer
+    trainer_cls = {"dpo": DPOTrainer, "kto": KTOTrainer}.get(options.method, SFTTrainer)
     overrides = {}
+    if options.method == "kto":
+        overrides |= kto_weights(options, rows)
+        rows = kto_rows(options, rows)
     if not has_cuda():
         score_only_labelled_positions()
     # Always said: TRL's configs turn checkpointing on unless told otherwise.
