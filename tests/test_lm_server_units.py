@@ -187,7 +187,7 @@ def test_dpo_jobs_of_several_epochs_compute_the_reference_log_probabilities_once
 
 
 def test_kto_rows_parse_and_their_weights_follow_the_labels():
-    from nip_core.lm_server.training import kto_rows, kto_weights
+    from nip_core.lm_server.training import kto_training_order, kto_weights
     from tests.conftest_lm import kto_lines
 
     rows = parse_dataset("\n".join(json.dumps(line) for line in kto_lines(9)), "kto")
@@ -197,8 +197,8 @@ def test_kto_rows_parse_and_their_weights_follow_the_labels():
     assert kto_weights(options, rows) == {"desirable_weight": 0.5, "undesirable_weight": 1.0}
     given = TrainingOptions(method="kto", undesirable_weight=2.0)
     assert kto_weights(given, rows)["undesirable_weight"] == 2.0
-    assert kto_rows(TrainingOptions(method="kto", shuffle=False), rows) == rows
-    shuffled = kto_rows(TrainingOptions(method="kto", seed=1), rows)
+    assert kto_training_order(TrainingOptions(method="kto", shuffle=False), rows) == rows
+    shuffled = kto_training_order(TrainingOptions(method="kto", seed=1), rows)
     assert shuffled != rows and sorted(map(str, shuffled)) == sorted(map(str, rows))
     bad = json.dumps({**kto_lines(1)[0], "label": "yes"})
     with pytest.raises(DatasetError, match="line 1: 'label' must be true"):

@@ -141,7 +141,7 @@ def trainer_config(options: TrainingOptions, output_dir: str, **overrides: Any):
         return DPOConfig(beta=options.beta, disable_dropout=disable, **losses | common | overrides)
     if options.method == "kto":
         # The KL term pairs each answer with the next prompt of its batch, precomputed in a
-        # fixed order: TRL needs sequential batches (`kto_rows` shuffles the rows instead).
+        # fixed order: TRL needs sequential batches (`kto_training_order` shuffles the rows instead).
         reference = {
             "precompute_ref_log_probs": PRECOMPUTE_REFERENCE_LOGPS and options.n_epochs > 1
         }
@@ -169,7 +169,7 @@ def kto_weights(options: TrainingOptions, rows: list[dict]) -> dict[str, float]:
     }
 
 
-def kto_rows(options: TrainingOptions, rows: list[dict]) -> list[dict]:
+def kto_training_order(options: TrainingOptions, rows: list[dict]) -> list[dict]:
     """The rows in training order: as given, or (shuffle) a permutation seeded by the job's seed,
     since KTO's batches must be sequential."""
     if not options.shuffle:
@@ -280,7 +280,7 @@ def build_trainer(options, model, tokenizer, rows, output_dir, peft_config=None,
     overrides = {}
     if options.method == "kto":
         overrides |= kto_weights(options, rows)
-        rows = kto_rows(options, rows)
+        rows = kto_training_order(options, rows)
     if not has_cuda():
         score_only_labelled_positions()
     # Always said: TRL's configs turn checkpointing on unless told otherwise.

@@ -86,6 +86,43 @@ def dpo_rows(nodes: pa.Table, pairs: pa.Table, context: ExportContext) -> list[d
     return rows
 
 
+def kto_rows(nodes: pa.Table, marked: pa.Table, context: ExportContext) -> list[dict]:
+    """One row per marked reply (`group_relative.marked_replies_table`): the agent's view up to
+    the parent, the reply it sampled, and whether the reply beat its siblings' mean."""
+    index = turns_by_node(nodes)
+    batch_of = batch_index_by_node(nodes)
+    rows = []
+    for reply in marked.to_pylist():
+        agent = reply["agent"]
+        item = context.items[batch_of[reply["parent_node_id"]]]
+        _, turn = index[reply["node_id"]]
+        prompt = chat_messages(
+            context.protocol,
+            agent,
+            context.agent_params[agent],
+            item.datapoint,
+            history(index, reply["parent_node_id"]),
+            turn.round,
+            item.episode_seed,
+        )
+        rows.append(
+            {
+                "openai_prompt": openai_messages(prompt),
+                "prompt": fold_speaker_names(prompt),
+                "completion": assistant_reply(turn.raw[agent]),
+                "label": reply["desirable"],
+                "iteration": context.iteration,
+                "agent": agent,
+                "datapoint_id": item.datapoint.id,
+                "parent_node_id": reply["parent_node_id"],
+                "node_id": reply["node_id"],
+                "expected_reward": reply["expected_reward"],
+                "advantage": reply["advantage"],
+            }
+        )
+    return rows
+
+
 def agent_chat(
     context: ExportContext, agent: str, item: BatchItem, turns, verdict: int | None = None
 ) -> list[dict] | None:
@@ -241,6 +278,18 @@ def last_replies(
 
 def dpo_table(rows: Sequence[dict]) -> pa.Table:
     return pa.Table.from_pylist([_without(r, "openai_prompt") for r in rows], schema=schemas.DPO)
+
+
+def kto_table(rows: Sequence[dict]) -> pa.Table:
+    return pa.Table.from_pylist([_without(r, "openai_prompt") for r in rows], schema=schemas.KTO)
+
+
+def kto_openai_jsonl(rows: Sequence[dict]) -> list[dict]:
+    """Our server's KTO lines (the OpenAI API has none): the prompt, the answer, its label."""
+    return [
+        {"input": {"messages": r["openai_prompt"]}, "output": r["completion"], "label": r["label"]}
+        for r in rows
+    ]
 
 
 def sft_table(rows: Sequence[dict]) -> pa.Table:

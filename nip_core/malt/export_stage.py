@@ -1,18 +1,22 @@
-"""Stage `export`: each trainable group's training dataset (`datasets/{dpo,sft}/<group>.parquet`
-and the OpenAI `.jsonl` beside it), from the batch, the nodes, their rewards and the pairs.
+"""Stage `export`: each trainable group's training dataset (`datasets/{dpo,kto,sft}/<group>.parquet`
+and the `.jsonl` beside it), from the batch, the nodes, their rewards and the pairs.
 
-MALT iterations export DPO rows (what the verifier's rows hold: `verifier_rows`); expert
+MALT iterations export DPO rows (what the verifier's rows hold: `verifier_rows`), or with
+`training_objective: kto` the group's sampled replies marked against their siblings; expert
 iterations (`pure_text_ei`, or the first `num_initial_ei_iterations` of MALT) export SFT rows
 of the rewarded rollouts. Frozen groups get no dataset.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 
 from nip_core.malt import dataset_export as export
 from nip_core.malt import verifier_rows
+from nip_core.malt.group_relative import marked_replies_table
 from nip_core.malt.rollout_tree import batch_items
+from nip_core.malt.tree_values import label_balanced_mask
 from nip_core.run.artifacts import RunPaths, jsonl_bytes, read_parquet, write_bytes, write_parquet
 from nip_core.run.iteration_context import IterationContext
 from nip_core.run.iteration_files import dataset_file
@@ -48,11 +52,44 @@ def group_dataset(
             )
         rows = export.alternate_verdicts(rows, "messages") if keep_order else rows
         return "sft", export.sft_table(rows), export.sft_openai_jsonl(rows)
+    if hp.pure_text_malt.training_objective == "kto":
+        rows = export.kto_rows(nodes, group_marked_replies(context, nodes, rewards, agents), ctx)
+        rows = export.alternate_verdicts(rows, "completion") if keep_order else rows
+        return "kto", export.kto_table(rows), export.kto_openai_jsonl(rows)
     rows = verifier_rows.verifier_signal_rows(
         nodes, pairs, ctx, agents, hp.pure_text_malt, hp.text_rl, hp.seed
     )
     rows = export.alternate_verdicts(rows, "chosen") if keep_order else rows
     return "dpo", export.dpo_table(rows), export.dpo_openai_jsonl(rows)
+
+
+def group_marked_replies(
+    context: IterationContext, nodes: pa.Table, rewards: pa.Table, agents: tuple[str, ...]
+) -> pa.Table:
+    """The group's agents' replies marked against their siblings (KTO's rows), the verifier's
+    balanced by the code's label when the configuration says so."""
+    hp, it = context.hyper_params, context.iteration
+    malt = hp.pure_text_malt
+    table = marked_replies_table(
+        nodes,
+        rewards,
+        context.agent_names,
+        malt.kto_rows_per_parent,
+        stable_int("kto", hp.seed, it),
+    )
+    table = table.filter(pa.array([agent in agents for agent in table.column("agent").to_pylist()]))
+    if not malt.balance_verifier_by_label:
+        return table
+    y_of = dict(
+        zip(nodes.column("datapoint_id").to_pylist(), nodes.column("y").to_pylist(), strict=True)
+    )
+    verifier = (
+        np.asarray(table.column("agent").to_pylist(), dtype=object)
+        == context.protocol.verifier_name
+    )
+    y = np.array([y_of[d] for d in table.column("datapoint_id").to_pylist()], dtype=int)
+    seed = stable_int("kto-balance", hp.seed, it)
+    return table.filter(pa.array(label_balanced_mask(verifier, y, seed)))
 
 
 def export_datasets(

@@ -92,6 +92,22 @@ DPO = pa.schema(
     ]
 )
 
+# TRL's conversational unpaired format (KTO) plus tracing columns.
+KTO = pa.schema(
+    [
+        ("prompt", pa.list_(_ROLE_CONTENT)),
+        ("completion", pa.list_(_ROLE_CONTENT)),
+        ("label", pa.bool_()),
+        ("iteration", pa.int64()),
+        ("agent", pa.string()),
+        ("datapoint_id", pa.int64()),
+        ("parent_node_id", pa.string()),
+        ("node_id", pa.string()),
+        ("expected_reward", pa.float64()),
+        ("advantage", pa.float64()),
+    ]
+)
+
 SFT = pa.schema(
     [
         ("messages", pa.list_(_ROLE_CONTENT)),

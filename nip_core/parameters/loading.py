@@ -43,7 +43,11 @@ from nip_core.parameters.typing_utils import (
     matches,
     union_members,
 )
-from nip_core.parameters.validation import check_training_signal, setting_several_fields
+from nip_core.parameters.validation import (
+    check_training_objective,
+    check_training_signal,
+    setting_several_fields,
+)
 from nip_core.parameters.versions import AGENT_SERVER_KEYS
 
 _YAML_SUFFIXES = (".yaml", ".yml")
@@ -135,6 +139,7 @@ def apply_overrides(params: HyperParameters, overrides: Sequence[str]) -> HyperP
                 raise ValueError(f"override {item!r}: expected 'dotted.key=value'")
             params = _override(params, key.split("."), raw.strip(), key)
     check_training_signal(params)
+    check_training_objective(params)
     return params
 
 

@@ -107,6 +107,13 @@ class PureTextMaltParameters(BaseParameters):
     as from problems with buggy code, a seeded draw from the larger side: a base verifier that
     mostly accepts yields many "accept on correct code" rows and few "reject on buggy code"
     ones, and training on that imbalance teaches "accept".
+
+    `training_objective` (ours) is what MALT iterations train on: "dpo" (nip: preference pairs)
+    or "kto", a group-relative objective on the same trees: each sampled reply whose expected
+    reward is above its siblings' mean is a desirable answer, below it an undesirable one, up to
+    `kto_rows_per_parent` of them per parent and agent (half of each kind where there are
+    enough), trained by TRL's KTO on our self-hosted server (the OpenAI API has no KTO); the
+    verifier's rows are balanced by label like its pairs.
     """
 
     num_responses_per_timestep: int = 2
@@ -120,6 +127,8 @@ class PureTextMaltParameters(BaseParameters):
         "sampled_pairs"
     )
     balance_verifier_by_label: bool = False
+    training_objective: Literal["dpo", "kto"] = "dpo"
+    kto_rows_per_parent: int = 2
 
     @property
     def trains_on_sampled_verifier_pairs(self) -> bool:

@@ -207,6 +207,7 @@ def _hyper_rules(p: Any) -> None:
         _require(value is not None, f"HyperParameters.{field.name}: must not be None")
     if not _SETTING_SEVERAL.get():
         check_training_signal(p)
+        check_training_objective(p)
 
 
 # True while `apply_overrides` sets several fields one by one: a rule that spans sections (the
@@ -260,6 +261,40 @@ def _server_rules(p: Any) -> None:
         p.vllm_max_model_len is None or p.vllm_max_model_len >= 1,
         "ServerParameters.vllm_max_model_len: must be >= 1",
     )
+
+
+def check_training_objective(p: Any) -> None:
+    """KTO needs the rows it trains on (the verifier's sampled replies, not label pairs), a
+    provider that trains it (our self-hosted server: the OpenAI API has no KTO) and batches of
+    two or more (its KL term pairs each answer with another prompt of the batch)."""
+    malt = p.pure_text_malt
+    if p.trainer != "pure_text_malt" or malt.training_objective != "kto":
+        return
+    _require(
+        malt.verifier_training_signal == "sampled_pairs",
+        "HyperParameters: pure_text_malt.training_objective=kto trains on the agents' sampled "
+        f"replies; verifier_training_signal={malt.verifier_training_signal} writes label pairs",
+    )
+    _require(
+        malt.kto_rows_per_parent >= 2,
+        "PureTextMaltParameters.kto_rows_per_parent: must be >= 2 (a desirable and an "
+        "undesirable answer)",
+    )
+    for name, agent in p.agents.items():
+        if agent.freeze_agent or agent.use_dummy_api:
+            continue
+        _require(
+            agent.model_provider == "SelfHosted",
+            f"HyperParameters: pure_text_malt.training_objective=kto is trained by our "
+            f"self-hosted server; agent {name!r} uses {agent.model_provider}, whose fine-tuning "
+            "API has no KTO",
+        )
+        _require(
+            agent.per_device_train_batch_size >= 2,
+            f"HyperParameters: pure_text_malt.training_objective=kto needs "
+            f"agents.{name}.per_device_train_batch_size >= 2 (KTO's KL term pairs each answer "
+            "with another prompt of its batch)",
+        )
 
 
 @rule("AgentsParameters")

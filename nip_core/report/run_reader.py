@@ -184,8 +184,14 @@ class RunView:
     def sft(self, iteration: int, group: str) -> pd.DataFrame:
         return self._dataset(iteration, "sft", group)
 
+    def kto(self, iteration: int, group: str) -> pd.DataFrame:
+        """A KTO dataset (`pure_text_malt.training_objective: kto`): replies marked against
+        their siblings."""
+        return self._dataset(iteration, "kto", group)
+
     def groups(self, iteration: int, kind: str = "dpo") -> list[str]:
-        """Model groups with an exported `kind` ("dpo" or "sft") dataset in this iteration."""
+        """Model groups with an exported `kind` ("dpo", "kto" or "sft") dataset in this
+        iteration."""
         self._check_iteration(iteration)
         folder = self.paths.iteration_file(iteration, dataset_folder(kind))
         if not self.paths.fs.isdir(folder):

@@ -34,7 +34,7 @@ DATASETS_DIR = "datasets"  # the exported training data, `dataset_file`
 
 
 def dataset_folder(kind: str) -> str:
-    """`datasets/<kind>`: the exported datasets of one kind ("dpo" or "sft")."""
+    """`datasets/<kind>`: the exported datasets of one kind ("dpo", "kto" or "sft")."""
     return f"{DATASETS_DIR}/{kind}"
 
 

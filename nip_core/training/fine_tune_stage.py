@@ -82,7 +82,8 @@ def training_data(
         return b"", 0, "dpo"
     parts = [read_bytes(paths.fs, paths.iteration_file(it, info["jsonl"])) for it, info in chosen]
     jsonl = b"".join(p if p.endswith(b"\n") or not p else p + b"\n" for p in parts)
-    method = "supervised" if chosen[-1][1]["kind"] == "sft" else "dpo"
+    kind = chosen[-1][1]["kind"]
+    method = "supervised" if kind == "sft" else kind  # "dpo" or "kto"
     return jsonl, sum(info["rows"] for _, info in chosen), method
 
 

@@ -39,6 +39,7 @@ STEP_METRICS = {  # trainer log key -> column of the steps table
     "rewards/rejected": "rewards_rejected",
     "rewards/margins": "rewards_margins",
     "rewards/accuracies": "rewards_accuracies",
+    "kl": "kl",  # KTO's estimate of the KL term
 }
 DATASET_KEY, JOB_KEY = "nip_dataset", "nip_job_id"  # metadata of the steps file
 PAGE_SIZE = 100

@@ -177,7 +177,7 @@ class SharedModelGroup:
 
     def _hyperparameters(self, method: str) -> dict:
         hyper: dict[str, Any] = {"n_epochs": self.num_epochs}
-        if method == "dpo" and self.params.dpo_beta is not None:
+        if method in ("dpo", "kto") and self.params.dpo_beta is not None:
             hyper["beta"] = self.params.dpo_beta
         if provider_of(self.params).sends_lora_options:
             hyper["batch_size"] = self.params.per_device_train_batch_size
@@ -224,7 +224,7 @@ class SharedModelGroup:
 
     async def create_fine_tune_job(
         self,
-        method: Literal["supervised", "dpo"],
+        method: Literal["supervised", "dpo", "kto"],
         jsonl: bytes,
         rows: int,
         *,
