@@ -8,18 +8,9 @@ import pandas as pd
 import pytest
 
 from nip_core.experiment.seed_outputs import rows_cover
-from nip_core.parameters import HyperParameters
 from nip_core.run.artifacts import RunPaths, new_manifest, write_json
 from nip_core.run.run_folder import ConfigError, prepare_run, stored_config
-
-
-def hyper(**kwargs) -> HyperParameters:
-    base = {
-        "scenario": "code_validation",
-        "trainer": "pure_text_malt",
-        "dataset": "humaneval-buggy",
-    }
-    return HyperParameters(**{**base, **kwargs})
+from tests.test_parameters import hyper
 
 
 def test_a_larger_iteration_count_extends_the_run_and_is_stored(tmp_path):

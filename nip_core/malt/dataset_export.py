@@ -47,35 +47,45 @@ def batch_index_by_node(nodes: pa.Table) -> dict[str, int]:
     )
 
 
+def _turn_prompt(
+    context: ExportContext, index, batch_of: dict[str, int], agent: str, parent: str, node: str
+) -> tuple[BatchItem, object, dict]:
+    """(item, the turn at `node`, the prompt columns): what `agent` saw when it wrote `node`'s
+    reply, the episode up to `parent`."""
+    item = context.items[batch_of[parent]]
+    _, turn = index[node]
+    prompt = chat_messages(
+        context.protocol,
+        agent,
+        context.agent_params[agent],
+        item.datapoint,
+        history(index, parent),
+        turn.round,
+        item.episode_seed,
+    )
+    columns = {"openai_prompt": openai_messages(prompt), "prompt": fold_speaker_names(prompt)}
+    return item, turn, columns
+
+
 def dpo_rows(nodes: pa.Table, pairs: pa.Table, context: ExportContext) -> list[dict]:
     """One row per pair: the agent's view up to the parent, and the two sibling responses."""
-    index = turns_by_node(nodes)
-    batch_of = batch_index_by_node(nodes)
+    index, batch_of = turns_by_node(nodes), batch_index_by_node(nodes)
     rows = []
     for pair in pairs.to_pylist():
-        agent = pair["agent"]
-        item = context.items[batch_of[pair["parent_node_id"]]]
-        _, chosen_turn = index[pair["chosen_node_id"]]
-        _, rejected_turn = index[pair["rejected_node_id"]]
-        prompt = chat_messages(
-            context.protocol,
-            agent,
-            context.agent_params[agent],
-            item.datapoint,
-            history(index, pair["parent_node_id"]),
-            chosen_turn.round,
-            item.episode_seed,
+        agent, parent = pair["agent"], pair["parent_node_id"]
+        item, chosen_turn, prompt = _turn_prompt(
+            context, index, batch_of, agent, parent, pair["chosen_node_id"]
         )
+        _, rejected_turn = index[pair["rejected_node_id"]]
         rows.append(
-            {
-                "openai_prompt": openai_messages(prompt),
-                "prompt": fold_speaker_names(prompt),
+            prompt
+            | {
                 "chosen": assistant_reply(chosen_turn.raw[agent]),
                 "rejected": assistant_reply(rejected_turn.raw[agent]),
                 "iteration": context.iteration,
                 "agent": agent,
                 "datapoint_id": item.datapoint.id,
-                "parent_node_id": pair["parent_node_id"],
+                "parent_node_id": parent,
                 "chosen_node_id": pair["chosen_node_id"],
                 "rejected_node_id": pair["rejected_node_id"],
                 "chosen_expected_reward": pair["chosen_expected_reward"],
@@ -89,32 +99,20 @@ def dpo_rows(nodes: pa.Table, pairs: pa.Table, context: ExportContext) -> list[d
 def kto_rows(nodes: pa.Table, marked: pa.Table, context: ExportContext) -> list[dict]:
     """One row per marked reply (`group_relative.marked_replies_table`): the agent's view up to
     the parent, the reply it sampled, and whether the reply beat its siblings' mean."""
-    index = turns_by_node(nodes)
-    batch_of = batch_index_by_node(nodes)
+    index, batch_of = turns_by_node(nodes), batch_index_by_node(nodes)
     rows = []
     for reply in marked.to_pylist():
-        agent = reply["agent"]
-        item = context.items[batch_of[reply["parent_node_id"]]]
-        _, turn = index[reply["node_id"]]
-        prompt = chat_messages(
-            context.protocol,
-            agent,
-            context.agent_params[agent],
-            item.datapoint,
-            history(index, reply["parent_node_id"]),
-            turn.round,
-            item.episode_seed,
-        )
+        agent, parent = reply["agent"], reply["parent_node_id"]
+        item, turn, prompt = _turn_prompt(context, index, batch_of, agent, parent, reply["node_id"])
         rows.append(
-            {
-                "openai_prompt": openai_messages(prompt),
-                "prompt": fold_speaker_names(prompt),
+            prompt
+            | {
                 "completion": assistant_reply(turn.raw[agent]),
                 "label": reply["desirable"],
                 "iteration": context.iteration,
                 "agent": agent,
                 "datapoint_id": item.datapoint.id,
-                "parent_node_id": reply["parent_node_id"],
+                "parent_node_id": parent,
                 "node_id": reply["node_id"],
                 "expected_reward": reply["expected_reward"],
                 "advantage": reply["advantage"],
