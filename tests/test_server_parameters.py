@@ -68,3 +68,12 @@ def test_self_hosted_agents_must_name_one_server():
         HyperParameters.from_dict(config(**agents))
     agents["prover"]["model_provider"] = "OpenAI"  # an API agent's port is never used
     assert HyperParameters.from_dict(config(**agents)).agents["prover"].model_provider == "OpenAI"
+
+
+def test_server_counts_are_checked():
+    from nip_core.parameters import ServerParameters
+
+    with pytest.raises(ValueError, match="training_num_processes: must be >= 1"):
+        ServerParameters(training_num_processes=0)
+    with pytest.raises(ValueError, match="vllm_gpu_memory_utilization"):
+        ServerParameters(vllm_gpu_memory_utilization=1.5)

@@ -43,11 +43,7 @@ from nip_core.parameters.typing_utils import (
     matches,
     union_members,
 )
-from nip_core.parameters.validation import (
-    check_training_objective,
-    check_training_signal,
-    setting_several_fields,
-)
+from nip_core.parameters.validation import check_across_sections, setting_several_fields
 from nip_core.parameters.versions import AGENT_SERVER_KEYS
 
 _YAML_SUFFIXES = (".yaml", ".yml")
@@ -138,8 +134,7 @@ def apply_overrides(params: HyperParameters, overrides: Sequence[str]) -> HyperP
             if not sep or not key:
                 raise ValueError(f"override {item!r}: expected 'dotted.key=value'")
             params = _override(params, key.split("."), raw.strip(), key)
-    check_training_signal(params)
-    check_training_objective(params)
+    check_across_sections(params)
     return params
 
 

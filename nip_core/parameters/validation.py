@@ -206,8 +206,7 @@ def _hyper_rules(p: Any) -> None:
         value = getattr(p, field.name)
         _require(value is not None, f"HyperParameters.{field.name}: must not be None")
     if not _SETTING_SEVERAL.get():
-        check_training_signal(p)
-        check_training_objective(p)
+        check_across_sections(p)
 
 
 # True while `apply_overrides` sets several fields one by one: a rule that spans sections (the
@@ -222,6 +221,12 @@ def setting_several_fields():
         yield
     finally:
         _SETTING_SEVERAL.reset(token)
+
+
+def check_across_sections(p: Any) -> None:
+    """The rules that span sections, checked once all of them are set (`_SETTING_SEVERAL`)."""
+    check_training_signal(p)
+    check_training_objective(p)
 
 
 def check_training_signal(p: Any) -> None:
@@ -261,6 +266,7 @@ def _server_rules(p: Any) -> None:
         p.vllm_max_model_len is None or p.vllm_max_model_len >= 1,
         "ServerParameters.vllm_max_model_len: must be >= 1",
     )
+    _require(p.training_num_processes >= 1, "ServerParameters.training_num_processes: must be >= 1")
 
 
 def check_training_objective(p: Any) -> None:
