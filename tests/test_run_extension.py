@@ -18,7 +18,7 @@ def test_a_larger_iteration_count_extends_the_run_and_is_stored(tmp_path):
     paths = prepare_run(two, str(tmp_path), "r")
     write_json(paths.fs, paths.manifest(0), new_manifest("r", 0, two.config_hash()))
     prepare_run(three, str(tmp_path), "r")
-    assert stored_config(paths).rl.num_iterations == 3
+    assert stored_config(paths)[1].rl.num_iterations == 3
     with pytest.raises(ConfigError, match="different configuration"):
         prepare_run(hyper(seed=1, rl={"num_iterations": 3}), str(tmp_path), "r")
 

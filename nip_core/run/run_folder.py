@@ -23,21 +23,33 @@ class ConfigError(ValueError):
     """A bad configuration: reported as one line, nothing written."""
 
 
+def stored_config(paths: RunPaths) -> tuple[dict, HyperParameters] | None:
+    """The configuration the run folder stored, as written and as loaded; None before its
+    first run."""
+    if not paths.fs.exists(paths.hyper_params):
+        return None
+    written = read_json(paths.fs, paths.hyper_params)
+    return written, HyperParameters.from_dict(written)
+
+
 def stored_config_matches(paths: RunPaths, hp: HyperParameters) -> bool:
     """Whether the run folder has no stored configuration or the same one as `hp`."""
-    stored = paths.hyper_params
-    if not paths.fs.exists(stored):
-        return True
-    return HyperParameters.from_dict(read_json(paths.fs, stored)).config_hash() == hp.config_hash()
+    stored = stored_config(paths)
+    return stored is None or stored[1].config_hash() == hp.config_hash()
 
 
-def check_stored_config(paths: RunPaths, hp: HyperParameters) -> None:
-    """ConfigError when the run folder holds another configuration than `hp`."""
-    if not stored_config_matches(paths, hp):
+def check_stored_config(
+    paths: RunPaths, hp: HyperParameters
+) -> tuple[dict, HyperParameters] | None:
+    """The run folder's stored configuration (`stored_config`); ConfigError when it is another
+    than `hp`."""
+    stored = stored_config(paths)
+    if stored is not None and stored[1].config_hash() != hp.config_hash():
         raise ConfigError(
             f"run folder {paths.run_dir} holds a different configuration; "
             "use another --run-name or the same settings"
         )
+    return stored
 
 
 def prepare_run(hp: HyperParameters, root: str, run_name: str) -> RunPaths:
@@ -47,37 +59,29 @@ def prepare_run(hp: HyperParameters, root: str, run_name: str) -> RunPaths:
     asked for (a run extended, or stopped earlier), and in today's format when an older version
     wrote it (its manifests' hashes are upgraded first, `upgrade_manifest_hashes`)."""
     paths = RunPaths.open(root, run_name)
-    check_stored_config(paths, hp)
+    stored = check_stored_config(paths, hp)
     written = hp.to_dict(include_package_meta=True)
-    stored = (
-        read_json(paths.fs, paths.hyper_params) if paths.fs.exists(paths.hyper_params) else None
-    )
     if stored is not None:
-        upgrade_manifest_hashes(paths, stored, hp)
-        before = HyperParameters.from_dict(stored).rl.num_iterations
+        upgrade_manifest_hashes(paths, *stored, hp)
+        before = stored[1].rl.num_iterations
         if before != hp.rl.num_iterations:
             log.info("%s: rl.num_iterations %d -> %d", paths.run_dir, before, hp.rl.num_iterations)
-    if stored != written:
+    if stored is None or stored[0] != written:
         write_json(paths.fs, paths.hyper_params, written)
     sweep_temporary_files(paths)
     return paths
 
 
-def stored_config(paths: RunPaths) -> HyperParameters | None:
-    """The configuration the run folder stored, None before its first run."""
-    if not paths.fs.exists(paths.hyper_params):
-        return None
-    return HyperParameters.from_dict(read_json(paths.fs, paths.hyper_params))
-
-
-def upgrade_manifest_hashes(paths: RunPaths, stored: dict, hp: HyperParameters) -> list[int]:
+def upgrade_manifest_hashes(
+    paths: RunPaths, written: dict, loaded: HyperParameters, hp: HyperParameters
+) -> list[int]:
     """Give the manifests today's `config_hash` where only the hash's definition moved under
-    them: the run folder's `stored` configuration (its hyper_params.json, which matches `hp`)
-    was written in an older format (settings since moved or dropped), or the manifest holds
-    its legacy hash (`rl.num_iterations` counted in). The stored configuration, checked first,
-    is what guards a folder against another configuration. Returns the iterations rewritten."""
-    loaded = HyperParameters.from_dict(stored)
-    older_format = _without_meta(stored) != _without_meta(loaded.to_dict())
+    them: the run folder's stored configuration (`written` in its hyper_params.json, `loaded`
+    from it; it matches `hp`) was written in an older format (settings since moved or dropped),
+    or the manifest holds its legacy hash (`rl.num_iterations` counted in). The stored
+    configuration, checked first, is what guards a folder against another configuration.
+    Returns the iterations rewritten."""
+    older_format = _without_meta(written) != _without_meta(loaded.to_dict())
     legacy, current = loaded.legacy_config_hash(), hp.config_hash()
     upgraded = []
     for iteration in paths.iterations():
