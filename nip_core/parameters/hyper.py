@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal, Self
 
 import nip_core
@@ -107,10 +107,9 @@ class HyperParameters(BaseParameters):
         Adding a setting with a default keeps every run's hash. How many iterations a run has
         says when it stops, not what its iterations are, so a finished run extends by running it
         again with a larger `rl.num_iterations`."""
-        stops_at_default = replace(
-            self, rl=replace(self.rl, num_iterations=RlTrainerParameters.num_iterations)
-        )
-        return _digest(stops_at_default.without_defaults())
+        settings = self.without_defaults()
+        settings["rl"].pop("num_iterations", None)
+        return _digest(settings)
 
     def legacy_config_hash(self) -> str:
         """The hash with `rl.num_iterations` in it, as older run folders' manifests hold it
