@@ -9,14 +9,13 @@ of the rewarded rollouts. Frozen groups get no dataset.
 
 from __future__ import annotations
 
-import numpy as np
 import pyarrow as pa
 
 from nip_core.malt import dataset_export as export
 from nip_core.malt import verifier_rows
 from nip_core.malt.group_relative import marked_replies_table
 from nip_core.malt.rollout_tree import batch_items
-from nip_core.malt.tree_values import label_balanced_mask
+from nip_core.malt.tree_values import balance_pairs_by_label
 from nip_core.run.artifacts import RunPaths, jsonl_bytes, read_parquet, write_bytes, write_parquet
 from nip_core.run.iteration_context import IterationContext
 from nip_core.run.iteration_files import dataset_file
@@ -80,16 +79,8 @@ def group_marked_replies(
     table = table.filter(pa.array([agent in agents for agent in table.column("agent").to_pylist()]))
     if not malt.balance_verifier_by_label:
         return table
-    y_of = dict(
-        zip(nodes.column("datapoint_id").to_pylist(), nodes.column("y").to_pylist(), strict=True)
-    )
-    verifier = (
-        np.asarray(table.column("agent").to_pylist(), dtype=object)
-        == context.protocol.verifier_name
-    )
-    y = np.array([y_of[d] for d in table.column("datapoint_id").to_pylist()], dtype=int)
     seed = stable_int("kto-balance", hp.seed, it)
-    return table.filter(pa.array(label_balanced_mask(verifier, y, seed)))
+    return balance_pairs_by_label(table, nodes, context.protocol.verifier_name, seed)
 
 
 def export_datasets(

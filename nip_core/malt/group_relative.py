@@ -52,20 +52,18 @@ def marked_replies(
             if family.size < 2:
                 continue
             advantage = value[family, agent] - value[family, agent].mean()
-            for chosen in _half_of_each_kind(family, advantage, rows_per_parent, rng):
-                where = int(np.flatnonzero(family == chosen)[0])
-                kept.append((agent, int(family_parent), int(chosen), float(advantage[where])))
+            for at in _half_of_each_kind(advantage, rows_per_parent, rng):
+                kept.append((agent, int(family_parent), int(family[at]), float(advantage[at])))
     table = np.array([row[:3] for row in kept], dtype=np.int64).reshape(-1, 3)
     advantage = np.array([row[3] for row in kept], dtype=np.float64)
     return MarkedReplies(table[:, 0], table[:, 1], table[:, 2], advantage, advantage > 0)
 
 
-def _half_of_each_kind(
-    family: np.ndarray, advantage: np.ndarray, count: int, rng: np.random.Generator
-) -> list[int]:
-    """Up to `count` members, as evenly desirable and undesirable as the family allows."""
-    good = rng.permutation(family[advantage > 0])
-    bad = rng.permutation(family[advantage < 0])
+def _half_of_each_kind(advantage: np.ndarray, count: int, rng: np.random.Generator) -> list[int]:
+    """Positions of up to `count` family members, in order, as evenly desirable and undesirable
+    as the family allows."""
+    good = rng.permutation(np.flatnonzero(advantage > 0))
+    bad = rng.permutation(np.flatnonzero(advantage < 0))
     n_good = min(good.size, max(count - bad.size, count // 2))
     n_bad = min(bad.size, count - n_good)
     return sorted([*good[:n_good].tolist(), *bad[:n_bad].tolist()])

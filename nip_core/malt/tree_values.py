@@ -142,7 +142,8 @@ def pairs_table(
 def balance_pairs_by_label(pairs: pa.Table, nodes: pa.Table, agent: str, seed: int) -> pa.Table:
     """`pairs` with `agent`'s pairs cut to as many from problems whose code is correct (y = 1)
     as from problems whose code is buggy (y = 0): a seeded draw keeps that many of the larger
-    side. Other agents' pairs and the table's order are kept.
+    side. Other agents' pairs and the table's order are kept. Any table of rows under a parent
+    node (`agent`, `parent_node_id`) is balanced so, KTO's marked replies too.
 
     A verifier that mostly accepts gives many "accept on correct code" pairs and few "reject on
     buggy code" ones; DPO on that imbalance moves the verdict's bias rather than the judgement.
