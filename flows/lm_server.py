@@ -1,13 +1,13 @@
 """The run's self-hosted language-model server: its own, found again, shared, or started.
 
 Which agents are self-hosted and on which port is read here from the run's agent settings, the
-engine and flags from its `server` section; `nip_core.lm_server.launch` starts the process and `supervise` restarts
-it when it dies. The server's state goes under the run folder (`<run>/lm_server/`), and its
-`/health` names the run that owns it, so two runs never share one by accident: a run whose
-port answers with another run's server starts its own on a free port (and its context points
-its clients there, `served_context`); `server.shared` shares one on purpose. A
-run opened inside another (an experiment's arm inside its seed's base run) is handed the outer
-run's server. A flow stops only a server it started itself (a shared one: never).
+engine and flags from its `server` section; `nip_core.lm_server.launch` starts the process and
+`supervise` restarts it when it dies. The server's state goes under the run folder
+(`<run>/lm_server/`), and its `/health` names the run that owns it, so two runs never share one by
+accident: a run whose port answers with another run's server starts its own on a free port (and its
+context points its clients there, `served_context`); `server.shared` shares one on purpose. A run
+opened inside another (an experiment's arm inside its seed's base run) is handed the outer run's
+server. A flow stops only a server it started itself (a shared one: never).
 """
 
 from __future__ import annotations

@@ -63,7 +63,8 @@ NIP_ONLY_AGENT_FIELDS = """agent_lr_factor body_lr_factor update_schedule use_ma
 normalize_message_history load_checkpoint_and_parameters checkpoint_entity checkpoint_project
 checkpoint_run_id checkpoint_version use_orthogonal_initialisation
 orthogonal_initialisation_gain""".split()
-SEED_AGENT_FIELDS = """model_provider model_name language_model_server_scheme_host language_model_server_port
+SEED_AGENT_FIELDS = """model_provider model_name language_model_server_scheme_host
+language_model_server_port
 use_dummy_api shared_model_group temperature top_p repetition_penalty
 fine_tune_from_scratch freeze_agent quantization num_epochs dpo_beta use_lora lora_rank lora_alpha
 lora_alpha_scale lora_dropout stack_lora_adapters per_device_train_batch_size

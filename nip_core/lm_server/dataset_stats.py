@@ -42,8 +42,8 @@ def _split_sft(messages: list[dict]) -> tuple[list[dict], list[dict]]:
 
 
 def example_tokens(tokenizer, row: dict, method: str) -> dict[str, int]:
-    """One row's counts: prompt, completion (chosen for DPO; KTO's one answer), rejected (DPO) and the longest
-    sequence the trainer builds from it (prompt + completion)."""
+    """One row's counts: prompt, completion (chosen for DPO; KTO's one answer), rejected (DPO)
+    and the longest sequence the trainer builds from it (prompt + completion)."""
     if method == "dpo":
         prompt, answers = row["prompt"], {"completion": row["chosen"], "rejected": row["rejected"]}
     elif method == "kto":

@@ -2,10 +2,11 @@
 
 The OpenAI part (`method.<type>.hyperparameters`: n_epochs, beta, batch_size,
 learning_rate_multiplier; type "supervised" or "dpo", or our "kto", whose hyperparameters add
-desirable_weight and undesirable_weight) and our extension `nip_training` (use_lora, lora_rank, lora_alpha,
-lora_dropout, stack_lora_adapters, quantization, learning_rate, seed, loss_type, rpo_alpha,
-gradient_accumulation_steps, shuffle, activation_checkpointing) are merged into one frozen
-record that the training child receives as JSON. Bad values raise `OptionsError` naming the field.
+desirable_weight and undesirable_weight) and our extension `nip_training` (use_lora, lora_rank,
+lora_alpha, lora_dropout, stack_lora_adapters, quantization, learning_rate, seed, loss_type,
+rpo_alpha, gradient_accumulation_steps, shuffle, activation_checkpointing) are merged into one
+frozen record that the training child receives as JSON. Bad values raise `OptionsError` naming the
+field.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 It loads the model to train from (a base model, optionally with a previous adapter that is either
 re-used or merged and stacked), builds a TRL `DPOTrainer`, `KTOTrainer` or `SFTTrainer` with our
-precision policy, and saves the result. Precision by device: fp32 without gradient checkpointing on CPU
-(bf16 autocast is ~29x slower there), bf16 (fp16 if unsupported) on CUDA. torch, transformers,
+precision policy, and saves the result. Precision by device: fp32 without gradient checkpointing on
+CPU (bf16 autocast is ~29x slower there), bf16 (fp16 if unsupported) on CUDA. torch, transformers,
 peft and trl are imported inside the functions so that importing this module stays cheap.
 """
 
@@ -141,7 +141,8 @@ def trainer_config(options: TrainingOptions, output_dir: str, **overrides: Any):
         return DPOConfig(beta=options.beta, disable_dropout=disable, **losses | common | overrides)
     if options.method == "kto":
         # The KL term pairs each answer with the next prompt of its batch, precomputed in a
-        # fixed order: TRL needs sequential batches (`kto_training_order` shuffles the rows instead).
+        # fixed order: TRL needs sequential batches (`kto_training_order` shuffles the rows
+        # instead).
         reference = {
             "precompute_ref_log_probs": PRECOMPUTE_REFERENCE_LOGPS and options.n_epochs > 1
         }

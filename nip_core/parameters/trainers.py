@@ -43,9 +43,10 @@ class TextRlParameters(BaseParameters):
     answers one verdict every time must not be switched in. `switch_guard_balance_labels` draws
     the guard's episodes as many from correct as from buggy solutions (else a seeded draw of
     the validation split, whose share of either label varies: 11 of 16 correct ones judged a
-    model that leans to "reject" worse than the base on one test seed). `shuffle_training_labels` permutes
-    the labels of the train split (never validation or test) before anything trains: the
-    control arm that must land at chance. All of these are ours, not nip's.
+    model that leans to "reject" worse than the base on one test seed).
+    `shuffle_training_labels` permutes the labels of the train split (never validation or test)
+    before anything trains: the control arm that must land at chance. All of these are ours, not
+    nip's.
     """
 
     fine_tune_on_all_previous_rollouts: bool = False
