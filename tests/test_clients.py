@@ -116,25 +116,28 @@ def fake_server(protocol_version: str) -> Iterator[FakeServer]:
                 state.paths.append(self.path)
                 state.active += 1
                 state.max_active = max(state.max_active, state.active)
+            # The request stops counting as active before any byte of its reply is sent: once
+            # the client has the reply it may start the next request, possibly before this
+            # thread runs again, so counting until after the write overstates concurrency.
             try:
                 time.sleep(state.delay)
                 status, headers, reply = state.script(index, body, self.headers)
-                raw = reply if isinstance(reply, Raw) else Raw(json.dumps(reply).encode())
-                if raw.drop or raw.declared_length is not None:
-                    self.close_connection = True
-                if raw.drop:
-                    return
-                payload = raw.body
-                self.send_response(status)
-                self.send_header("Content-Type", raw.content_type)
-                self.send_header("Content-Length", str(raw.declared_length or len(payload)))
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(payload)
             finally:
                 with state.lock:
                     state.active -= 1
+            raw = reply if isinstance(reply, Raw) else Raw(json.dumps(reply).encode())
+            if raw.drop or raw.declared_length is not None:
+                self.close_connection = True
+            if raw.drop:
+                return
+            payload = raw.body
+            self.send_response(status)
+            self.send_header("Content-Type", raw.content_type)
+            self.send_header("Content-Length", str(raw.declared_length or len(payload)))
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(payload)
 
         def log_message(self, *args: object) -> None:
             pass
