@@ -63,12 +63,14 @@ from nip_core.experiment.config import (
     BASE_RUN,
     ExperimentSettings,
     all_arms,
+    arm_start,
     base_hyper_params,
     experiment_overrides,
     parse_settings,
     seed_list,
     settings_with_overrides,
     split_config,
+    start_overrides,
     with_seed,
 )
 from nip_core.experiment.report import summary_text
@@ -134,11 +136,16 @@ def evaluate_iteration(
     return evaluation.metrics
 
 
-def run_arm(run: OpenRun, settings: ExperimentSettings, use_wandb: bool) -> None:
+def run_arm(
+    run: OpenRun, settings: ExperimentSettings, use_wandb: bool, evaluate_start: bool = False
+) -> None:
     """The arm's iterations (`rl.num_iterations`: the experiment's, unless the arm sets fewer),
-    each followed by an evaluation of the models it switched to."""
+    each followed by an evaluation of the models it switched to; with `evaluate_start` (an arm
+    starting from another arm's models) its starting models are evaluated first."""
     tracker = open_tracker(run.paths, run.hp, run.run_name, use_wandb)
     try:
+        if evaluate_start:
+            evaluate_iteration(run, 0, settings.evaluation_split, tracker)
         for iteration in range(run.hp.rl.num_iterations):
             context = run.context(iteration)
             started = time.monotonic()
@@ -161,22 +168,36 @@ def run_seed(
     split, iterations = spec.settings.evaluation_split, spec.settings.iterations
     seed_root = f"{experiment_root}/seeds/{seed}"
     base, arms_root = with_seed(spec.base, seed), f"{seed_root}/arms"
-    arm_paths = {}
+    arm_paths, final_models = {}, {}
     with open_run(base, seed_root, BASE_RUN, server_url=server_url) as base_run:
         base_paths = base_run.paths
         evaluate_iteration(base_run, 0, split)
         for arm, arm_hp in spec.arms.items():
-            with open_run(with_seed(arm_hp, seed), arms_root, arm, inside=base_run) as arm_run:
+            start = arm_start(spec.settings, arm)
+            hp = with_seed(arm_hp, seed)
+            if start is not None:
+                hp = started_from(hp, final_models[start])
+            with open_run(hp, arms_root, arm, inside=base_run) as arm_run:
                 arm_paths[arm] = arm_run.paths
-                run_arm(arm_run, spec.settings, use_wandb)
+                run_arm(arm_run, spec.settings, use_wandb, evaluate_start=start is not None)
+                final_models[arm] = arm_run.context(hp.rl.num_iterations).models
     base_rows = evaluation_rows(base_paths, BASE_RUN, 0, split, seed)
     frames = [base_rows, reference_arm_rows(base, base_rows, split)] + [
         evaluation_rows(paths, arm, it, split, seed)
         for arm, paths in arm_paths.items()
-        for it in range(1, spec.arms[arm].rl.num_iterations + 1)
+        for it in range(
+            0 if arm_start(spec.settings, arm) else 1, spec.arms[arm].rl.num_iterations + 1
+        )
     ]
     training = training_table(arm_paths, seed, iterations)
     return pd.concat(frames, ignore_index=True), training, timings_table(arm_paths, seed)
+
+
+def started_from(hp: HyperParameters, models: dict[str, str]) -> HyperParameters:
+    """`hp` with each of its agents that `models` (agent -> model) names starting from that
+    model: a protocol's verifier from the model a solo arm ended with."""
+    agents = build_context(hp, BASE_RUN, 0).agent_names
+    return apply_overrides(hp, start_overrides(models, agents))
 
 
 # Seeds side by side where nothing says otherwise and a CUDA GPU serves the models: a 135M model

@@ -115,6 +115,8 @@ def test_an_invalid_arm_override_fails_before_anything_runs(tmp_path, capsys):
         ("experiment.nope=1", "not a settable field"),
         ("experiment.parallel_seeds=0", "experiment.parallel_seeds"),
         ("experiment.arms.malt={rl.num_iterations: 3}", "an arm may run fewer, not more"),
+        ("experiment.arms.later={starts_from: nope}", "'nope' is not an arm listed before"),
+        ("experiment.arms.malt={starts_from: malt}", "'malt' is not an arm listed before"),
     ],
 )
 def test_bad_experiment_settings_fail_with_one_line(tmp_path, capsys, override, needle):
@@ -259,3 +261,35 @@ def test_a_finished_experiment_extends_by_more_iterations(prefect_harness, tmp_p
     assert sorted(rows.loc[rows.arm == "malt", "iteration"].unique()) == [1, 2]
     stored = json.loads((arm / "hyper_params.json").read_text())
     assert stored["rl"]["num_iterations"] == 2
+
+
+def test_an_arm_starts_from_the_models_an_earlier_arm_ended_with(prefect_harness, tmp_path):
+    """Rung (e)'s set-up: the nip protocol's verifier starts from the solo arm's last verifier
+    (the prover from the configured model), and the arm is evaluated before it trains."""
+    nip = {
+        "starts_from": "malt",
+        "interaction_protocol": "nip",
+        "nip_protocol.max_message_rounds": 3,
+        "nip_protocol.min_message_rounds": 3,
+        "rl.num_iterations": 1,
+    }
+    solo = {"rl.rollouts_per_iteration": 24, "pure_text_malt.num_responses_per_timestep": 4}
+    arms = {"malt": solo, "nip": nip}  # enough pairs that the solo verifier trains
+    config = dict(CONFIG, experiment=dict(CONFIG["experiment"], arms=arms))
+    args = ["--config", write_config(tmp_path, config), "--artifacts-root", str(tmp_path)]
+    assert experiment_main([*args, "--run-name", "start", "--no-wandb"]) == 0
+    seed = tmp_path / "start" / "seeds" / "11" / "arms"
+    last = json.loads((seed / "malt" / "iterations" / "0001" / "manifest.json").read_text())
+    trained_verifier = last["models_after"]["verifier"]
+    configured = json.loads((seed / "malt" / "hyper_params.json").read_text())["agents"]
+    assert trained_verifier != configured["_default"]["model_name"]
+    stored = json.loads((seed / "nip" / "hyper_params.json").read_text())
+    assert stored["agents"]["verifier"]["model_name"] == trained_verifier
+    assert "prover" not in stored["agents"]  # the prover starts from the configured model
+    assert (seed / "nip" / "iterations" / "0000" / "eval.parquet").exists()
+    rows = pd.read_parquet(tmp_path / "start" / "experiment.parquet")
+    assert sorted(rows.loc[rows.arm == "nip", "iteration"].unique()) == [0, 1]
+    summary = pd.read_parquet(tmp_path / "start" / "summary.parquet")
+    nip_rows = summary[(summary.arm == "nip") & (summary.scope == "seed")]
+    start_rows = rows[(rows.arm == "nip") & (rows.iteration == 0)]
+    assert nip_rows.iloc[0].decision_rate == pytest.approx(start_rows["decided"].mean())

@@ -13,11 +13,19 @@
         ei: {}
         shuffled_labels: {}
         malt_all_pairs: {pure_text_malt.pairs_per_parent: all}
+        nip:                          # the nip protocol, its verifier starting from the model
+          starts_from: malt           #   `malt` ended this seed with (an arm listed earlier)
+          interaction_protocol: nip
 
 Every seed re-runs everything (the base evaluation and every arm) with the run seed changed,
 which changes the training batch, the rollout sampling and the fine-tune's data order;
 `shuffled_labels` is MALT trained on the train split with its labels permuted, the control that
 must land at chance.
+
+`starts_from: <arm>` in an arm's overrides starts each of its agents that the named arm also has
+from the model that arm ended the seed with (the others from the configured model), so a
+protocol's verifier can start from a trained solo verifier (rung (e)); such an arm is also
+evaluated before its first iteration (its iteration 0).
 
 Every arm is the shared configuration plus its overrides, so arms share the seed, the data
 split and the generation budget (datapoints x K per iteration) unless an arm overrides them.
@@ -35,6 +43,7 @@ from nip_core.parameters import HyperParameters
 from nip_core.parameters.loading import apply_overrides
 
 BASE_RUN = "base"
+STARTS_FROM = "starts_from"  # an arm's key naming the earlier arm its agents' models start from
 SPLITS = ("test", "validation")
 _ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
@@ -138,7 +147,32 @@ def parse_settings(section: object) -> ExperimentSettings:
             )
         if overrides is not None and not isinstance(overrides, Mapping):
             raise ValueError(f"experiment.arms.{name} must be a mapping of dotted key -> value")
+    check_starts(arms)
     return settings
+
+
+def check_starts(arms: Mapping[str, Mapping[str, object] | None]) -> None:
+    """Each `starts_from` names an arm listed before its own, which therefore runs first."""
+    earlier: list[str] = []
+    for name, overrides in arms.items():
+        start = (overrides or {}).get(STARTS_FROM)
+        if start is not None and (not isinstance(start, str) or start not in earlier):
+            raise ValueError(
+                f"experiment.arms.{name}.{STARTS_FROM}: {start!r} is not an arm listed before "
+                f"{name!r} (listed before it: {earlier})"
+            )
+        earlier.append(name)
+
+
+def arm_start(settings: ExperimentSettings, arm: str) -> str | None:
+    """The arm whose final models `arm`'s agents start from, if it names one."""
+    start = (settings.arms[arm] or {}).get(STARTS_FROM)
+    return str(start) if start is not None else None
+
+
+def start_overrides(models: Mapping[str, str], agents: Sequence[str]) -> list[str]:
+    """Overrides starting each of `agents` that `models` (agent -> model) holds from its model."""
+    return [f"agents.{agent}.model_name={models[agent]}" for agent in agents if agent in models]
 
 
 def check_seeds(seeds: object) -> None:
@@ -193,7 +227,7 @@ def arm_hyper_params(
     overrides = (
         builtin_overrides(arm, settings.iterations, hp)
         | shared_overrides(settings)
-        | dict(settings.arms[arm] or {})
+        | {k: v for k, v in (settings.arms[arm] or {}).items() if k != STARTS_FROM}
     )
     try:
         arm_hp = apply_overrides(hp, _as_override_strings(overrides))
