@@ -105,8 +105,8 @@ def test_easy_experiment_two_seeds_on_one_gpu(prefect_harness, tmp_path):
     assert experiment_main(args) == 0
     summary = pd.read_parquet(tmp_path / "gpu-easy" / "summary.parquet")
     malt = summary[(summary.scope == "seed") & (summary.arm == "malt") & (summary.iteration > 0)]
-    iterations = 2  # the shipped `malt` arm: two iterations of its own sampled pairs
-    assert malt.groupby("seed")["iteration"].apply(sorted).tolist() == [[1, 2], [1, 2]]
+    iterations = 3  # the shipped `malt` arm: three iterations of its own sampled pairs
+    assert malt.groupby("seed")["iteration"].apply(sorted).tolist() == [[1, 2, 3], [1, 2, 3]]
     assert len(malt) == 2 * iterations and malt["auc"].notna().all()
     control = summary[(summary.scope == "across_seeds") & (summary.arm == "shuffled_labels")]
     assert len(control) > 0
