@@ -86,6 +86,7 @@ from nip_core.lm_server.training import has_cuda
 from nip_core.malt.evaluation import format_metrics
 from nip_core.parameters import HyperParameters
 from nip_core.parameters.loading import apply_overrides, read_params_file
+from nip_core.protocols.build import make_protocol
 from nip_core.run.artifacts import RunPaths, default_root
 from nip_core.run.iteration_context import build_context
 from nip_core.run.lock import lock_run_folder
@@ -169,11 +170,12 @@ def run_seed(
     seed_root = f"{experiment_root}/seeds/{seed}"
     base, arms_root = with_seed(spec.base, seed), f"{seed_root}/arms"
     arm_paths, final_models = {}, {}
+    starts = {arm: arm_start(spec.settings, arm) for arm in spec.arms}
     with open_run(base, seed_root, BASE_RUN, server_url=server_url) as base_run:
         base_paths = base_run.paths
         evaluate_iteration(base_run, 0, split)
         for arm, arm_hp in spec.arms.items():
-            start = arm_start(spec.settings, arm)
+            start = starts[arm]
             hp = with_seed(arm_hp, seed)
             if start is not None:
                 hp = started_from(hp, final_models[start])
@@ -185,9 +187,7 @@ def run_seed(
     frames = [base_rows, reference_arm_rows(base, base_rows, split)] + [
         evaluation_rows(paths, arm, it, split, seed)
         for arm, paths in arm_paths.items()
-        for it in range(
-            0 if arm_start(spec.settings, arm) else 1, spec.arms[arm].rl.num_iterations + 1
-        )
+        for it in range(0 if starts[arm] else 1, spec.arms[arm].rl.num_iterations + 1)
     ]
     training = training_table(arm_paths, seed, iterations)
     return pd.concat(frames, ignore_index=True), training, timings_table(arm_paths, seed)
@@ -196,8 +196,7 @@ def run_seed(
 def started_from(hp: HyperParameters, models: dict[str, str]) -> HyperParameters:
     """`hp` with each of its agents that `models` (agent -> model) names starting from that
     model: a protocol's verifier from the model a solo arm ended with."""
-    agents = build_context(hp, BASE_RUN, 0).agent_names
-    return apply_overrides(hp, start_overrides(models, agents))
+    return apply_overrides(hp, start_overrides(models, make_protocol(hp).agent_names))
 
 
 # Seeds side by side where nothing says otherwise and a CUDA GPU serves the models: a 135M model
