@@ -34,7 +34,10 @@ def stored_config(paths: RunPaths) -> tuple[dict, HyperParameters] | None:
 
 def stored_config_matches(paths: RunPaths, hp: HyperParameters) -> bool:
     """Whether the run folder has no stored configuration or the same one as `hp`."""
-    stored = stored_config(paths)
+    return _holds_same(stored_config(paths), hp)
+
+
+def _holds_same(stored: tuple[dict, HyperParameters] | None, hp: HyperParameters) -> bool:
     return stored is None or stored[1].config_hash() == hp.config_hash()
 
 
@@ -44,7 +47,7 @@ def check_stored_config(
     """The run folder's stored configuration (`stored_config`); ConfigError when it is another
     than `hp`."""
     stored = stored_config(paths)
-    if stored is not None and stored[1].config_hash() != hp.config_hash():
+    if not _holds_same(stored, hp):
         raise ConfigError(
             f"run folder {paths.run_dir} holds a different configuration; "
             "use another --run-name or the same settings"
