@@ -2,6 +2,7 @@
 
     python bench/dpo_step.py [--steps 8] [--tokens 100] [--answer-words N]
     python bench/dpo_step.py --tokens 500 --answer-words 2 --compare-shared-prompt
+    python bench/dpo_step.py --tokens 500 --answer-words 12 --compare-lora-top-layers 10
 
 Loads the embedded SmolLM2-135M-Instruct in fp32, builds TRL's `DPOTrainer` through the same
 code the server's training child uses (`nip_core.lm_server.training`, LoRA on all linear layers,
@@ -16,6 +17,8 @@ both see the same machine load; the ratio uses the fastest of each. The last lin
 (`nip_core.lm_server.shared_prefix`, the default) and duplicated in both rows (TRL's own
 batch), and ends with `ratio shared_prompt/duplicated_prompt: <x>` (fastest steps). With
 `--answer-words 2` the pairs look like the verifier's label pairs: a long prompt, a short answer.
+`--compare-lora-top-layers N` times LoRA on every layer, then on the last N only
+(`lora_top_layers`), and ends with `ratio top_N_layers/all_layers: <x>` (fastest steps).
 """
 
 from __future__ import annotations
@@ -118,6 +121,7 @@ def measure(
     lora_dropout: float,
     answer_words: int | None = None,
     checkpointing: bool | None = None,
+    lora_top_layers: int | None = None,
 ) -> tuple[PairedClock, list[int]]:
     """Train `steps` DPO steps through the server's code path with interleaved baselines."""
     options = TrainingOptions(
@@ -127,6 +131,7 @@ def measure(
         learning_rate=1e-5,
         lora_dropout=lora_dropout,
         activation_checkpointing=checkpointing,
+        lora_top_layers=lora_top_layers,
     )
     tokenizer = training.load_tokenizer(model_path)
     # 2 epochs of steps / 2, as jobs of several epochs
@@ -150,6 +155,7 @@ def main() -> None:
     parser.add_argument("--lora-dropout", type=float, default=0.0)
     parser.add_argument("--answer-words", type=int, default=None)
     parser.add_argument("--compare-shared-prompt", action="store_true")
+    parser.add_argument("--compare-lora-top-layers", type=int, default=None, metavar="N")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -162,6 +168,9 @@ def main() -> None:
     )
     if args.compare_shared_prompt:
         compare_shared_prompt(run)
+        return
+    if args.compare_lora_top_layers:
+        compare_lora_top_layers(run, args.compare_lora_top_layers)
         return
     clock, lengths = measure(*run)
     mean_step = statistics.mean(clock.steps)
@@ -189,6 +198,19 @@ def compare_shared_prompt(run: tuple) -> None:
         steps = " ".join(f"{t:.2f}" for t in clock.steps)
         print(f"{name} prompt: sequence lengths {lengths}; dpo steps (s): {steps}")
     print(f"ratio shared_prompt/duplicated_prompt: {fastest['shared'] / fastest['duplicated']:.2f}")
+
+
+def compare_lora_top_layers(run: tuple, count: int) -> None:
+    """The same steps with LoRA on every layer, then on the last `count` only (the experiment
+    configs' path: the prompt run once, no activation checkpointing)."""
+    fastest = {}
+    for top in (None, count):
+        clock, lengths = measure(*run, checkpointing=False, lora_top_layers=top)
+        name = "all layers" if top is None else f"top {top} layers"
+        fastest[top] = min(clock.steps)
+        steps = " ".join(f"{t:.2f}" for t in clock.steps)
+        print(f"LoRA on {name}: sequence lengths {lengths}; dpo steps (s): {steps}")
+    print(f"ratio top_{count}_layers/all_layers: {fastest[count] / fastest[None]:.2f}")
 
 
 if __name__ == "__main__":

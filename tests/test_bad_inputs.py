@@ -39,6 +39,7 @@ BAD_INPUTS = {
     "unknown trainer": ["--set", "trainer=magic"],
     "temperature and top_p together": ["--set", "agents._default.top_p=0.9"],
     "LoRA dropout out of range": ["--set", "agents._default.lora_dropout=1.5"],
+    "LoRA on no layers": ["--set", "agents._default.lora_top_layers=0"],
     "switch guard without validation": ["--set", "text_rl.validation_fraction=0"],
     "negative iteration": ["--iteration", "-1"],
     "run name escaping the root": ["--run-name", "../escape"],

@@ -166,6 +166,16 @@ def test_create_uploads_the_data_and_submits_a_tagged_job():
     assert "extra_body" not in request  # OpenAI gets no LoRA options
 
 
+def test_lora_top_layers_is_sent_only_when_set():
+    """Unset, the request (and so its fingerprint) is what it was before the setting existed."""
+    sent = []
+    for top in (None, 10):
+        client = FakeClient()
+        create(group(client, model_provider="SelfHosted", lora_top_layers=top), rows=1)
+        sent.append(client.jobs.created[0]["extra_body"]["nip_training"])
+    assert "lora_top_layers" not in sent[0] and sent[1]["lora_top_layers"] == 10
+
+
 def test_self_hosted_job_carries_lora_options_and_batch_size():
     client = FakeClient()
     g = group(client, model_provider="SelfHosted", lora_rank=16, lora_alpha_scale=2.0)

@@ -38,6 +38,15 @@ def _block(weights: dict, module: str, part: str, rank: int, like):
     return torch.zeros(shape)
 
 
+def _layers_of_both(configs: list[dict]) -> list[int] | None:
+    """The layers either adapter holds (None: one of them holds every layer), so a stacked
+    adapter of a top-layer job (`lora_top_layers`) keeps its parent's lower layers."""
+    layers = [c.get("layers_to_transform") for c in configs]
+    if any(each is None for each in layers):
+        return None
+    return sorted({i for each in layers for i in ([each] if isinstance(each, int) else each)})
+
+
 def stack_adapters(first: Path, second: Path, output: Path) -> None:
     """Write to `output` one adapter equivalent to applying `first` then `second`."""
     from safetensors.torch import load_file, save_file
@@ -67,6 +76,7 @@ def stack_adapters(first: Path, second: Path, output: Path) -> None:
     config = dict(configs[1], r=rank, lora_alpha=rank)
     targets = {m.rsplit(".", 1)[-1] for m in _modules(merged)}
     config["target_modules"] = sorted(targets)
+    config["layers_to_transform"] = _layers_of_both(configs)
     output.mkdir(parents=True, exist_ok=True)
     save_file(merged, str(output / _WEIGHTS), metadata={"format": "pt"})
     (output / _CONFIG).write_text(json.dumps(config, indent=1))

@@ -42,15 +42,49 @@ def precision_args() -> dict[str, Any]:
     return {"bf16": bf16, "fp16": not bf16, "gradient_checkpointing": True}
 
 
-def lora_config(options: TrainingOptions):
+def lora_config(options: TrainingOptions, model=None):
+    """LoRA on every linear layer of the model, or on those of its last `options.lora_top_layers`
+    transformer layers (which needs the `model`, to count and name them)."""
     from peft import LoraConfig
 
+    targets: str | list[str] = "all-linear"
+    layers = None
+    if options.lora_top_layers is not None:
+        if model is None:
+            raise ValueError("lora_top_layers needs the model, to count its layers")
+        layers = top_layers(options.lora_top_layers, len(transformer_backbone(model).layers))
+        targets = layer_linear_names(model)
     return LoraConfig(
         r=options.lora_rank,
         lora_alpha=options.lora_alpha,
         lora_dropout=options.lora_dropout,
-        target_modules="all-linear",
+        target_modules=targets,
+        layers_to_transform=layers,
         task_type="CAUSAL_LM",
+    )
+
+
+def top_layers(count: int, num_layers: int) -> list[int]:
+    """Indices of the last `count` of `num_layers` layers."""
+    if count > num_layers:
+        raise OptionsError(
+            f"lora_top_layers is {count} but the model has {num_layers} layers", "lora_top_layers"
+        )
+    return list(range(num_layers - count, num_layers))
+
+
+def layer_linear_names(model) -> list[str]:
+    """The names of the linear modules inside the transformer layers (q_proj, ..., down_proj):
+    PEFT takes `layers_to_transform` only with named targets, not with "all-linear"."""
+    import torch
+
+    layers = transformer_backbone(model).layers
+    return sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, m in layers.named_modules()
+            if isinstance(m, torch.nn.Linear)
+        }
     )
 
 
@@ -93,7 +127,8 @@ def load_for_training(base_path: str, parent: dict | None, options: TrainingOpti
     """
     model = _load_base(base_path, options)
     if parent is None:
-        return model, (lora_config(options) if options.use_lora else None), "new"
+        peft_config = lora_config(options, model) if options.use_lora else None
+        return model, peft_config, "new"
     from peft import PeftModel
 
     if options.use_lora and not options.stack_lora_adapters:
@@ -101,7 +136,7 @@ def load_for_training(base_path: str, parent: dict | None, options: TrainingOpti
     merged = PeftModel.from_pretrained(model, parent["path"]).merge_and_unload()
     if not options.use_lora:
         return merged, None, "full"
-    return merged, lora_config(options), "stack"
+    return merged, lora_config(options, merged), "stack"
 
 
 # The reference model never changes during a job, so with more than one epoch its

@@ -130,6 +130,11 @@ class PureTextAgentParameters(AgentParameters):
     exported alternating the true verdict, so with batch 1 and an even
     `gradient_accumulation_steps` every optimizer step sees as many accepts as rejects and no
     step can move the verdict's bias alone, the flip-flop of batch-1 training (ours)."""
+    lora_top_layers: int | None = None
+    """Self-hosted training: LoRA on the model's last N transformer layers only (None: all).
+    Nothing below them is trained, so the backward pass stops there and a CPU step costs less
+    (`bench/dpo_step.py --lora-top-layers N`); the adapter of a job that trains on from an
+    earlier one keeps that one's layers (ours)."""
     training_activation_checkpointing: bool | None = None
     """Self-hosted training: recompute activations in the backward pass instead of keeping them.
     None: on a GPU (TRL's default), and on CPU when a batch holds more than 512 tokens

@@ -114,6 +114,8 @@ def _agent_rules(p: Any) -> None:
     if p.lora_alpha_scale is not None:
         _require(p.lora_alpha_scale > 0, f"{name}.lora_alpha_scale: must be > 0")
     _require(0 <= p.lora_dropout < 1, f"{name}.lora_dropout: must be in [0, 1)")
+    if p.lora_top_layers is not None:
+        _require(p.lora_top_layers >= 1, f"{name}.lora_top_layers: must be >= 1")
     if p.max_tokens_per_message is not None:
         _require(p.max_tokens_per_message >= 1, f"{name}.max_tokens_per_message: must be >= 1")
     timeout = p.request_timeout_seconds

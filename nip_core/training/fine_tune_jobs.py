@@ -87,6 +87,8 @@ def lora_training_options(params: Any, lora_alpha: float, learning_rate: float) 
         "gradient_accumulation_steps": params.gradient_accumulation_steps,
         "shuffle": params.shuffle_training_data,
     }
+    if params.lora_top_layers is not None:  # unset: the fingerprint as before
+        options["lora_top_layers"] = params.lora_top_layers
     if params.training_activation_checkpointing is not None:  # unset: the fingerprint as before
         options["activation_checkpointing"] = params.training_activation_checkpointing
     return options
