@@ -1,5 +1,6 @@
 """The GPU path: the embedded model served and LoRA-trained on a CUDA GPU, and the easy
-experiment with two seeds. Selected by `pytest -m gpu`; skipped where torch sees no CUDA GPU
+experiment's `malt` arm with two seeds side by side (two iterations: a DPO job took ~3 minutes
+on an H200, docs/serving.md, and a call to a lent GPU may run 9). Selected by `pytest -m gpu`; skipped where torch sees no CUDA GPU
 (the default `-m 'not gpu'` deselects them everywhere else)."""
 
 from __future__ import annotations
@@ -98,6 +99,10 @@ def test_easy_experiment_two_seeds_on_one_gpu(prefect_harness, tmp_path):
         "--set",
         "experiment.seeds=2",
         "--set",
+        "experiment.iterations=2",
+        "--set",
+        "experiment.arms={malt: {}}",
+        "--set",
         "server.engine=transformers",
         "--set",
         "agents._default.language_model_server_port=5391",
@@ -105,9 +110,8 @@ def test_easy_experiment_two_seeds_on_one_gpu(prefect_harness, tmp_path):
     assert experiment_main(args) == 0
     summary = pd.read_parquet(tmp_path / "gpu-easy" / "summary.parquet")
     malt = summary[(summary.scope == "seed") & (summary.arm == "malt") & (summary.iteration > 0)]
-    iterations = 3  # the shipped `malt` arm: three iterations of its own sampled pairs
-    assert malt.groupby("seed")["iteration"].apply(sorted).tolist() == [[1, 2, 3], [1, 2, 3]]
-    assert len(malt) == 2 * iterations and malt["auc"].notna().all()
-    control = summary[(summary.scope == "across_seeds") & (summary.arm == "shuffled_labels")]
-    assert len(control) > 0
+    assert malt.groupby("seed")["iteration"].apply(sorted).tolist() == [[1, 2], [1, 2]]
+    assert malt["auc"].notna().all() and (malt["decision_rate"] > 0).all()
+    base = summary[(summary.scope == "across_seeds") & (summary.arm == "base")]
+    assert len(base) > 0
     assert overlap(tmp_path / "gpu-easy", (6198, 6199)), "on a GPU the two seeds run side by side"
