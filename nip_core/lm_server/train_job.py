@@ -56,7 +56,6 @@ def _train(job_dir: Path, config: dict, options: TrainingOptions, rows: list[dic
         else config["base_model"]
     )
     tokenizer = training.load_tokenizer(tokenizer_path)
-    append_event(job_dir, f"Training {options.method} ({strategy} adapter) on {len(rows)} examples")
     output = Path(config["output_dir"])
     trainer = training.build_trainer(
         options,
@@ -66,6 +65,12 @@ def _train(job_dir: Path, config: dict, options: TrainingOptions, rows: list[dic
         str(job_dir / "trainer"),
         peft_config,
         callbacks=[_event_callback(job_dir)],
+    )
+    device = str(trainer.args.device)  # where the steps run: "cpu", "cuda:0"
+    append_event(
+        job_dir,
+        f"Training {options.method} ({strategy} adapter) on {len(rows)} examples on {device}",
+        data={"device": device},
     )
     stats = dataset_stats.trainer_dataset_event(trainer, rows, options.method)
     if stats is not None:
