@@ -32,7 +32,8 @@ DPO_KEYS = {"loss", "logps/chosen", "logps/rejected", "rewards/margins", "reward
 
 
 def line(prompt_repeats: int, answer_repeats: int) -> dict:
-    """A DPO line; 140 prompt repeats exceed TRL's default max_length of 1024 tokens."""
+    """A DPO line; 300 prompt repeats exceed the tiny model's context of 2,048 tokens, the
+    max_length the trainer is given (TRL's own default, 1,024, would cut the verdict off)."""
     question = [{"role": "user", "content": "Is 3+3=6? " * prompt_repeats}]
     return {
         "input": {"messages": [{"role": "system", "content": "sys"}, *question]},
@@ -41,7 +42,8 @@ def line(prompt_repeats: int, answer_repeats: int) -> dict:
     }
 
 
-LINES = [line(2, 1), line(3, 2), line(5, 3), line(6, 4), line(140, 1), line(200, 1)]
+LINES = [line(2, 1), line(3, 2), line(5, 3), line(6, 4), line(300, 1), line(400, 1)]
+LONGER_THAN_TRL_DEFAULT = line(140, 1)  # ~1,120 tokens: over 1,024, inside the context
 OPTIONS = TrainingOptions(method="dpo", batch_size=2, learning_rate=0.01, lora_rank=4)
 
 
@@ -58,10 +60,21 @@ def test_counts_match_what_the_dpo_trainer_tokenized(tiny_model, tmp_path):
     stats = trainer_dataset_event(trainer, rows, "dpo")
     kept = trainer.train_dataset  # TRL dropped the two whose prompt alone fills max_length
     assert stats["kept"] == len(kept) == 4 and stats["truncated"] == 2
-    assert stats["max_length"] == 1024 and stats["truncation_mode"] == "keep_start"
+    assert stats["max_length"] == 2048 and stats["truncation_mode"] == "keep_start"
     for ours, column in (("prompt", "prompt_ids"), ("completion", "chosen_ids")):
         assert stats["per_example"][ours][:4] == [len(ids) for ids in kept[column]]
     assert stats["per_example"]["rejected"][:4] == [len(ids) for ids in kept["rejected_ids"]]
+
+
+def test_a_row_longer_than_trls_default_is_trained_whole(tiny_model, tmp_path):
+    rows = parse_dataset(json.dumps(LONGER_THAN_TRL_DEFAULT), "dpo")
+    tokenizer = training.load_tokenizer(str(tiny_model))
+    model, peft, _ = training.load_for_training(str(tiny_model), None, OPTIONS)
+    trainer = training.build_trainer(OPTIONS, model, tokenizer, rows, str(tmp_path), peft)
+    stats = trainer_dataset_event(trainer, rows, "dpo")
+    assert stats["per_example"]["sequence"][0] > 1024 and stats["truncated"] == 0
+    (kept,) = trainer.train_dataset
+    assert len(kept["chosen_ids"]) == stats["per_example"]["completion"][0]  # the verdict kept
 
 
 def test_sft_sequence_lengths_match_the_sft_trainer(tiny_model, tmp_path):
@@ -74,7 +87,7 @@ def test_sft_sequence_lengths_match_the_sft_trainer(tiny_model, tmp_path):
     stats = trainer_dataset_event(trainer, rows, "supervised")
     tokenized = [len(ids) for ids in trainer.train_dataset["input_ids"]]
     assert stats["per_example"]["sequence"] == tokenized and stats["truncated"] == 0
-    assert stats["max_length"] == 1024 and stats["kept"] == 4
+    assert stats["max_length"] == 2048 and stats["kept"] == 4
 
 
 def test_reference_logps_computed_once_train_exactly_as_in_every_step(

@@ -1,7 +1,8 @@
 """Token counts of a training dataset as the TRL trainer will see it, sent as one job event.
 
 A trainer that cannot fit its rows may be training on cut-off examples: TRL truncates every
-sequence to `max_length` (1024 by default) and drops DPO examples whose prompt alone fills it.
+sequence to `max_length` (1024 by default; our trainer sets the model's context) and drops DPO
+examples whose prompt alone fills it.
 This counts, per example, the prompt and completion tokens the way TRL 1.16 tokenizes them
 (`apply_chat_template` on the prompt with the generation prompt, and on prompt + completion;
 the completion starts where the two diverge), and how many examples exceed the maximum.

@@ -307,6 +307,12 @@ def return_freed_memory() -> bool:
 SHARE_PAIR_PROMPTS = True
 
 
+def context_length(model) -> int | None:
+    """The longest sequence the model was built for (None where its config does not say)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
+    return getattr(config or model.config, "max_position_embeddings", None)
+
+
 def build_trainer(options, model, tokenizer, rows, output_dir, peft_config=None, callbacks=()):
     """A ready TRL trainer over the TRL-format `rows`."""
     from datasets import Dataset
@@ -319,6 +325,10 @@ def build_trainer(options, model, tokenizer, rows, output_dir, peft_config=None,
         rows = kto_training_order(options, rows)
     if not has_cuda():
         score_only_labelled_positions()
+    # TRL cuts every sequence at 1,024 tokens unless told otherwise, keeping its start: the
+    # mixed grade's longest verifier chats (1,150 tokens) lost their verdict, the one thing a
+    # verifier's row teaches. Rows are trained whole, up to the model's context.
+    overrides["max_length"] = context_length(model)
     # Always said: TRL's configs turn checkpointing on unless told otherwise.
     overrides["gradient_checkpointing"] = checkpoints_activations(options, tokenizer, rows)
     if overrides["gradient_checkpointing"] and not has_cuda():
