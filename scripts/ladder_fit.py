@@ -137,6 +137,7 @@ def main():
     ap.add_argument("--shuffle-seed", type=int, default=0)
     ap.add_argument("--eval-test", type=int, default=1)
     ap.add_argument("--shuffle-labels", type=int, default=0)
+    ap.add_argument("--checkpointing", type=int, default=0)
     a = ap.parse_args()
     torch.set_num_threads(2)
     hp = hp_for(a.seed, a.difficulty)
@@ -178,6 +179,9 @@ def main():
         seed=a.shuffle_seed,
         gradient_accumulation_steps=a.accum,
         shuffle=False,
+        # as the experiment configs train (`training_activation_checkpointing: false`): kept
+        # activations, each pair's prompt run once; checkpointing took ~3x longer a step here
+        activation_checkpointing=bool(a.checkpointing),
     )
     base = str(embedded_model_path())
     model, peft_cfg, _ = training.load_for_training(base, None, opts)
