@@ -309,8 +309,10 @@ SHARE_PAIR_PROMPTS = True
 
 def context_length(model) -> int | None:
     """The longest sequence the model was built for (None where its config does not say)."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
-    return getattr(config or model.config, "max_position_embeddings", None)
+    config = getattr(model, "config", None)
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    return getattr(config, "max_position_embeddings", None)
 
 
 def build_trainer(options, model, tokenizer, rows, output_dir, peft_config=None, callbacks=()):
