@@ -2,7 +2,7 @@
 
     python bench/dpo_step.py [--steps 8] [--tokens 100] [--answer-words N]
     python bench/dpo_step.py --tokens 500 --answer-words 2 --compare-shared-prompt
-    python bench/dpo_step.py --tokens 500 --answer-words 12 --compare-lora-top-layers 10
+    python bench/dpo_step.py --tokens 470 --answer-words 6 --compare-lora-top-layers 10
 
 Loads the embedded SmolLM2-135M-Instruct in fp32, builds TRL's `DPOTrainer` through the same
 code the server's training child uses (`nip_core.lm_server.training`, LoRA on all linear layers,

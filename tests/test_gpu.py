@@ -1,7 +1,7 @@
 """The GPU path: the embedded model served and LoRA-trained on a CUDA GPU, and the easy
 experiment's `malt` arm with two seeds side by side (two iterations: a DPO job took ~3 minutes
-on an H200, docs/serving.md, and a call to a lent GPU may run 9). Selected by `pytest -m gpu`; skipped where torch sees no CUDA GPU
-(the default `-m 'not gpu'` deselects them everywhere else)."""
+on an H200, docs/serving.md, and a call to a lent GPU may run 9). Selected by `pytest -m gpu`;
+skipped where torch sees no CUDA GPU (the default `-m 'not gpu'` deselects them elsewhere)."""
 
 from __future__ import annotations
 

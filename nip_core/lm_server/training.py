@@ -52,8 +52,9 @@ def lora_config(options: TrainingOptions, model=None):
     if options.lora_top_layers is not None:
         if model is None:
             raise ValueError("lora_top_layers needs the model, to count its layers")
-        layers = top_layers(options.lora_top_layers, len(transformer_backbone(model).layers))
-        targets = layer_linear_names(model)
+        blocks = transformer_backbone(model).layers
+        layers = top_layers(options.lora_top_layers, len(blocks))
+        targets = linear_names(blocks)
     return LoraConfig(
         r=options.lora_rank,
         lora_alpha=options.lora_alpha,
@@ -73,16 +74,15 @@ def top_layers(count: int, num_layers: int) -> list[int]:
     return list(range(num_layers - count, num_layers))
 
 
-def layer_linear_names(model) -> list[str]:
-    """The names of the linear modules inside the transformer layers (q_proj, ..., down_proj):
-    PEFT takes `layers_to_transform` only with named targets, not with "all-linear"."""
+def linear_names(blocks) -> list[str]:
+    """The names of the linear modules inside the transformer layers `blocks` (q_proj, ...,
+    down_proj): PEFT takes `layers_to_transform` only with named targets, not "all-linear"."""
     import torch
 
-    layers = transformer_backbone(model).layers
     return sorted(
         {
             name.rsplit(".", 1)[-1]
-            for name, m in layers.named_modules()
+            for name, m in blocks.named_modules()
             if isinstance(m, torch.nn.Linear)
         }
     )

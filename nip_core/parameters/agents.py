@@ -133,7 +133,7 @@ class PureTextAgentParameters(AgentParameters):
     lora_top_layers: int | None = None
     """Self-hosted training: LoRA on the model's last N transformer layers only (None: all).
     Nothing below them is trained, so the backward pass stops there and a CPU step costs less
-    (`bench/dpo_step.py --lora-top-layers N`); the adapter of a job that trains on from an
+    (`bench/dpo_step.py --compare-lora-top-layers N`); the adapter of a job that trains on from an
     earlier one keeps that one's layers (ours)."""
     training_activation_checkpointing: bool | None = None
     """Self-hosted training: recompute activations in the backward pass instead of keeping them.
