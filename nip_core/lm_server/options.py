@@ -4,7 +4,8 @@ The OpenAI part (`method.<type>.hyperparameters`: n_epochs, beta, batch_size,
 learning_rate_multiplier; type "supervised" or "dpo", or our "kto", whose hyperparameters add
 desirable_weight and undesirable_weight) and our extension `nip_training` (use_lora, lora_rank,
 lora_alpha, lora_dropout, lora_top_layers, stack_lora_adapters, quantization, learning_rate,
-seed, loss_type, rpo_alpha, gradient_accumulation_steps, shuffle, activation_checkpointing) are
+seed, loss_type, rpo_alpha, gradient_accumulation_steps, shuffle, activation_checkpointing,
+stop_at_pair_accuracy) are
 merged into one frozen record that the training child receives as JSON. Bad values raise
 `OptionsError` naming the field.
 """
@@ -32,6 +33,7 @@ _NIP_FIELDS = (
     "gradient_accumulation_steps",
     "shuffle",
     "activation_checkpointing",
+    "stop_at_pair_accuracy",
 )
 
 
@@ -72,6 +74,9 @@ class TrainingOptions:
     # Recompute activations in the backward pass; None: the trainer decides (on a GPU, and on
     # CPU for batches over `training.CPU_CHECKPOINTING_TOKENS`).
     activation_checkpointing: bool | None = None
+    # DPO: end the job after the first epoch whose mean pair accuracy reaches this, short of
+    # `n_epochs` (`early_stop`); None: every epoch runs.
+    stop_at_pair_accuracy: float | None = None
     # KTO: the loss weights of desirable and undesirable answers; None: from the labels' counts,
     # so that both kinds weigh the same in all (`training.kto_weights`)
     desirable_weight: float | None = None
@@ -182,8 +187,24 @@ def parse_options(method: Any, nip_training: Any, seed: Any = None) -> TrainingO
         activation_checkpointing=_optional_bool(
             nip.get("activation_checkpointing"), "activation_checkpointing"
         ),
+        stop_at_pair_accuracy=_stop_at_pair_accuracy(kind, nip.get("stop_at_pair_accuracy")),
         **_kto_weights(kind, hyper),
     )
+
+
+def _stop_at_pair_accuracy(kind: str, value: Any) -> float | None:
+    """The early stop's pair accuracy, in (0, 1]; only DPO logs pair accuracies."""
+    if value is None:
+        return None
+    if kind != "dpo":
+        raise OptionsError(
+            f"stop_at_pair_accuracy needs DPO's pair accuracies; method is {kind}",
+            "stop_at_pair_accuracy",
+        )
+    threshold = _number(value, "stop_at_pair_accuracy", float, 0, 1)
+    if threshold == 0:
+        raise OptionsError("stop_at_pair_accuracy must be > 0, got 0", "stop_at_pair_accuracy")
+    return threshold
 
 
 def _kto_weights(kind: str, hyper: dict) -> dict:

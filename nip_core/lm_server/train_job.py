@@ -57,6 +57,14 @@ def _train(job_dir: Path, config: dict, options: TrainingOptions, rows: list[dic
     )
     tokenizer = training.load_tokenizer(tokenizer_path)
     output = Path(config["output_dir"])
+    callbacks = [_event_callback(job_dir)]
+    if options.stop_at_pair_accuracy is not None:
+        from nip_core.lm_server.early_stop import stop_when_fitted_callback
+
+        def report(message: str, data: dict) -> None:
+            append_event(job_dir, message, data=data)
+
+        callbacks.append(stop_when_fitted_callback(options.stop_at_pair_accuracy, report))
     trainer = training.build_trainer(
         options,
         model,
@@ -64,7 +72,7 @@ def _train(job_dir: Path, config: dict, options: TrainingOptions, rows: list[dic
         rows,
         str(job_dir / "trainer"),
         peft_config,
-        callbacks=[_event_callback(job_dir)],
+        callbacks=callbacks,
     )
     device = str(trainer.args.device)  # where the steps run: "cpu", "cuda:0"
     append_event(

@@ -140,6 +140,10 @@ class PureTextAgentParameters(AgentParameters):
     None: on a GPU (TRL's default), and on CPU when a batch holds more than 512 tokens
     (SmolLM2-135M keeps ~3.5 MB per token: 3 GiB for one DPO pair of two ~425-token
     conversations); false trains faster where memory allows (ours)."""
+    training_stop_at_pair_accuracy: float | None = None
+    """Self-hosted DPO: end a job after the first epoch whose pairs it ranks right at this mean
+    rate (TRL's `rewards/accuracies` over the epoch), short of `num_epochs`, which stays the most
+    it trains; None runs every epoch. Supervised and KTO jobs train every epoch (ours)."""
 
     @classmethod
     def construct_test_params(cls) -> Self:

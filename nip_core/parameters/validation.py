@@ -116,6 +116,9 @@ def _agent_rules(p: Any) -> None:
     _require(0 <= p.lora_dropout < 1, f"{name}.lora_dropout: must be in [0, 1)")
     if p.lora_top_layers is not None:
         _require(p.lora_top_layers >= 1, f"{name}.lora_top_layers: must be >= 1")
+    stop_at = p.training_stop_at_pair_accuracy
+    if stop_at is not None:
+        _in_range(name, "training_stop_at_pair_accuracy", stop_at, 0.0, 1.0, open_low=True)
     if p.max_tokens_per_message is not None:
         _require(p.max_tokens_per_message >= 1, f"{name}.max_tokens_per_message: must be >= 1")
     timeout = p.request_timeout_seconds

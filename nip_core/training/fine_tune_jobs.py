@@ -72,8 +72,11 @@ def named_job_key_and_suffix(group: str, job_name: str | None, key: str | None) 
     return key, suffix
 
 
-def lora_training_options(params: Any, lora_alpha: float, learning_rate: float) -> dict:
-    """Our server's LoRA options (sent in the request body; OpenAI does not get them)."""
+def lora_training_options(
+    params: Any, lora_alpha: float, learning_rate: float, method: str = "dpo"
+) -> dict:
+    """Our server's LoRA options for a `method` job (sent in the request body; OpenAI does not
+    get them)."""
     options = {
         "use_lora": params.use_lora,
         "lora_rank": params.lora_rank,
@@ -91,6 +94,9 @@ def lora_training_options(params: Any, lora_alpha: float, learning_rate: float) 
         options["lora_top_layers"] = params.lora_top_layers
     if params.training_activation_checkpointing is not None:  # unset: the fingerprint as before
         options["activation_checkpointing"] = params.training_activation_checkpointing
+    stop_at = params.training_stop_at_pair_accuracy
+    if stop_at is not None and method == "dpo":  # only DPO logs pair accuracies
+        options["stop_at_pair_accuracy"] = stop_at
     return options
 
 

@@ -218,7 +218,9 @@ class SharedModelGroup:
         if self.training_seed is not None:
             request["seed"] = self.training_seed
         if provider_of(self.params).sends_lora_options:
-            extension = lora_training_options(self.params, self.lora_alpha, self.rl_learning_rate)
+            extension = lora_training_options(
+                self.params, self.lora_alpha, self.rl_learning_rate, method
+            )
             request["extra_body"] = {"nip_training": extension}
         return request
 
