@@ -221,6 +221,8 @@ def test_per_arm_summary_averages_seeds_and_keeps_the_worst_truncation():
     ]
     rows = training_rows(entries)
     assert len(rows) == 3 and rows.loc[2, "steps"] == 0 and pd.isna(rows.loc[2, "last_loss"])
+    # how far each job trained: the last step's epoch (step 2 logged none, step 1 half an epoch)
+    assert rows.loc[0, "epochs"] == 0.5 and pd.isna(rows.loc[2, "epochs"])
     arms = arm_training_summary(entries).set_index("arm")
     assert arms.loc["malt", "seeds"] == 2 and arms.loc["malt", "last_loss"] == pytest.approx(0.4)
     assert arms.loc["malt", "truncated"] == 1 and arms.loc["malt", "last_accuracy"] == 0.5

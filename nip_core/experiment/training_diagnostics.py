@@ -5,7 +5,8 @@ evaluation, this shows per arm how the trainer went: how many steps, the loss at
 last step, the DPO reward margin and accuracy at the last step (accuracy: the share of pairs
 whose chosen answer the model prefers over the rejected one), and whether examples were cut at
 the trainer's maximum length. Pure functions of already-read tables; `read_training` reads one
-run's file.
+run's file. `epochs` is how far the job trained (the last step's epoch): fewer than asked where
+it stopped once fitted (`stop_at_pair_accuracy`).
 """
 
 from __future__ import annotations
@@ -22,10 +23,18 @@ from nip_core.training.job_diagnostics import read_steps, training_summary
 TrainingEntry = tuple[int, str, int, pd.DataFrame, dict | None]
 
 ROW_COLUMNS = [
-    "seed", "arm", "iteration", "steps", "first_loss", "last_loss", "last_margin",
+    "seed", "arm", "iteration", "steps", "epochs", "first_loss", "last_loss", "last_margin",
     "last_accuracy", "tokens_mean", "tokens_max", "max_length", "truncated", "dropped",
 ]  # fmt: skip
-MEAN_COLUMNS = ["steps", "first_loss", "last_loss", "last_margin", "last_accuracy", "tokens_mean"]
+MEAN_COLUMNS = [
+    "steps",
+    "epochs",
+    "first_loss",
+    "last_loss",
+    "last_margin",
+    "last_accuracy",
+    "tokens_mean",
+]
 MAX_COLUMNS = ["tokens_max", "max_length", "truncated", "dropped"]
 
 
@@ -56,6 +65,7 @@ def training_rows(entries: Iterable[TrainingEntry]) -> pd.DataFrame:
             "arm": arm,
             "iteration": iteration,
             "steps": len(steps),
+            "epochs": _end(steps, "epoch"),
             "first_loss": _end(steps, "loss", last=False),
             "last_loss": _end(steps, "loss"),
             "last_margin": _end(steps, "rewards_margins"),
