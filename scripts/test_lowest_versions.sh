@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The training path under the lowest transformers/trl/peft/accelerate that pyproject.toml allows:
 # builds a second virtual environment exactly as requirements-lowest.lock says (idempotent, like
-# scripts/setup.sh) and runs the tests that train a DPO or SFT job on a tiny model in it. The
-# main environment (requirements.lock) has the newest versions; the ranges promise both ends.
+# scripts/setup.sh) and runs the tests that train a DPO or SFT job on a tiny model in it (an
+# early-stopped one included). The main environment (requirements.lock) has the newest versions;
+# the ranges promise both ends.
 # Extra arguments go to pytest; `--setup-only` builds the environment and stops.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -63,4 +64,5 @@ exec "$venv/bin/python" -m pytest \
   tests/test_training_diagnostics_e2e.py \
   tests/test_lm_server_training.py \
   tests/test_dpo_export_trains.py \
+  tests/test_early_stop.py \
   "$@"
