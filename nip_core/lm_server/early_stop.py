@@ -4,9 +4,10 @@ The experiments' DPO jobs ask for 4 epochs because some iterations' pairs need t
 MALT iteration's verdict contrasts: pair accuracy 0.51 -> 0.72 -> 0.83 -> 0.94 per epoch), while
 most first-iteration jobs rank >= 95 % of their pairs right by their second or third epoch and
 spend the rest widening margins. Whether stopping there keeps what the later epochs teach is an
-empirical question: docs/learning.md, "Early stopping on the fit". An epoch's fit is the mean of TRL's `rewards/accuracies` over its logged steps
-(the share of pairs whose chosen answer gained more log-probability against the reference than
-the rejected one), so the check costs nothing and needs no held-out rows.
+empirical question: docs/learning.md, "Early stopping on the fit". An epoch's fit is the mean
+of TRL's `rewards/accuracies` over its logged steps (the share of pairs whose chosen answer
+gained more log-probability against the reference than the rejected one), so the check costs
+nothing and needs no held-out rows.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ def named_job_key_and_suffix(group: str, job_name: str | None, key: str | None) 
 
 
 def lora_training_options(
-    params: Any, lora_alpha: float, learning_rate: float, method: str = "dpo"
+    params: Any, lora_alpha: float, learning_rate: float, method: str
 ) -> dict:
     """Our server's LoRA options for a `method` job (sent in the request body; OpenAI does not
     get them)."""
