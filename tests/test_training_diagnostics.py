@@ -12,6 +12,7 @@ import pytest
 
 from nip_core.experiment.training_diagnostics import (
     arm_training_summary,
+    group_outcomes,
     read_training,
     training_rows,
 )
@@ -227,3 +228,59 @@ def test_per_arm_summary_averages_seeds_and_keeps_the_worst_truncation():
     assert arms.loc["malt", "seeds"] == 2 and arms.loc["malt", "last_loss"] == pytest.approx(0.4)
     assert arms.loc["malt", "truncated"] == 1 and arms.loc["malt", "last_accuracy"] == 0.5
     assert arm_training_summary([]).empty
+
+
+def stages(export: dict, fine_tune: dict, guard: dict | None = None) -> dict:
+    """An iteration manifest's stages as the export, fine-tune and guard stages record them."""
+    found = {"export": {"info": export}, "fine_tune": {"info": fine_tune}}
+    return found | ({"switch_guard": {"info": guard}} if guard is not None else {})
+
+
+def test_group_outcomes_say_what_became_of_each_groups_model():
+    exported = {"prover": {"rows": 0}, "verifier": {"rows": 6}, "judge": {"rows": 9}}
+    jobs = {
+        "prover": {"status": "succeeded", "skip_reason": "0 examples < 1 required"},
+        "verifier": {"status": "succeeded", "skip_reason": None},
+        "judge": {"status": "succeeded", "skip_reason": None},
+    }
+    guard = {
+        "verifier": {"verdict": "kept_previous", "reason": "constant_verdict"},
+        "judge": {"verdict": "switched", "reason": None},
+    }
+    assert group_outcomes(stages(exported, jobs, guard)) == {
+        "prover": {"examples": 0, "switch": "not_trained", "reason": "0 examples < 1 required"},
+        "verifier": {"examples": 6, "switch": "kept_previous", "reason": "constant_verdict"},
+        "judge": {"examples": 9, "switch": "switched", "reason": ""},
+    }
+    # no guard: a job's model goes in; a stage that did not record its rows says nothing
+    unguarded = group_outcomes(stages({"verifier": {"rows": 6}}, jobs))
+    assert unguarded == {"verifier": {"examples": 6, "switch": "switched", "reason": ""}}
+    assert group_outcomes(stages({"verifier": {"kind": "dpo"}}, jobs)) == {}
+    assert group_outcomes({}) == {}
+
+
+def test_training_table_has_a_row_per_group_trained_or_not(tmp_path):
+    from nip_core.experiment.seed_outputs import training_table
+    from nip_core.run.artifacts import write_json
+
+    paths = RunPaths.open(str(tmp_path), "nip")
+    asyncio.run(record_training_diagnostics(paths, 0, fake_group(EVENTS)))  # verifier's steps
+    jobs = {
+        "prover": {"status": "succeeded", "skip_reason": "0 examples < 1 required"},
+        "verifier": {"status": "succeeded", "skip_reason": None},
+    }
+    exported = {"prover": {"rows": 0}, "verifier": {"rows": 2}}
+    guard = {"verifier": {"verdict": "switched", "reason": None}}
+    write_json(paths.fs, paths.manifest(0), {"stages": stages(exported, jobs, guard)})
+    table = training_table({"nip": paths}, seed=7, iterations=2)  # iteration 2 never ran
+    assert table[["iteration", "group", "examples", "switch", "steps"]].values.tolist() == [
+        [1, "prover", 0, "not_trained", 0],
+        [1, "verifier", 2, "switched", 2],
+    ]
+    assert table.loc[1, "last_margin"] == 0.8 and pd.isna(table.loc[0, "last_loss"])
+    assert training_table({}, seed=7, iterations=1).columns[-4:].tolist() == [
+        "group",
+        "examples",
+        "switch",
+        "reason",
+    ]

@@ -154,8 +154,10 @@ def training_html(training: pd.DataFrame) -> str:
         return ""
     table = training.round(3).to_html(index=False, na_rep="n/a", border=0)
     return (
-        "<h2>Training</h2><p>Per trained model: optimizer steps, loss at the first and last "
-        "step, the DPO reward margin and pair accuracy at the last step, tokens per example and "
-        "how many examples were longer than the trainer's maximum length (truncated; dropped: "
-        f"left out by TRL).</p>{table}"
+        "<h2>Training</h2><p>Per model group and iteration: the rows its dataset export wrote "
+        "(examples), what became of its model (switch: switched in, kept_previous by the switch "
+        "guard, not_trained, with the reason), optimizer steps, loss at the first and last step, "
+        "the DPO reward margin and pair accuracy at the last step, tokens per example and how "
+        "many examples were longer than the trainer's maximum length (truncated; dropped: left "
+        f"out by TRL).</p>{table}"
     )

@@ -8,12 +8,20 @@ finished seed's rows, training diagnostics and timings, so a rerun skips the see
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pyarrow as pa
 
 from nip_core.experiment.report import experiment_html, learning_curves_png, training_html
 from nip_core.experiment.summary import summary_table
-from nip_core.experiment.training_diagnostics import ROW_COLUMNS, read_training, training_rows
+from nip_core.experiment.training_diagnostics import (
+    OUTCOME_COLUMNS,
+    ROW_COLUMNS,
+    group_outcomes,
+    read_training,
+    training_rows,
+)
 from nip_core.run.artifacts import RunPaths, read_json, read_parquet, write_bytes, write_json
 from nip_core.run.artifacts import write_parquet as write_arrow
 from nip_core.run.iteration_files import (
@@ -29,6 +37,8 @@ from nip_core.run.iteration_files import (
     seed_folder,
     steps_group,
 )
+
+EMPTY_STEPS = pd.DataFrame(columns=["step", "loss"])  # a group that trained no step
 
 # A seed's experiment rows, training diagnostics and timings.
 SeedResult = tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]
@@ -69,19 +79,33 @@ def timings_table(arm_paths: dict[str, RunPaths], seed: int = 0) -> pd.DataFrame
 
 
 def training_table(arm_paths: dict[str, RunPaths], seed: int, iterations: int) -> pd.DataFrame:
-    """Per (arm, iteration after training, group): the trainer's steps and dataset summary
-    from the runs' `fine_tune/<group>-steps.parquet` (no rows where no job reported any)."""
+    """Per (arm, iteration after training, model group): the trainer's steps and dataset
+    summary from the runs' `fine_tune/<group>-steps.parquet`, the rows the group's export wrote
+    and what became of its model (`group_outcomes`). A group that got no job (a prover with no
+    pairs) has a row with 0 steps; one the stages know nothing of (no manifest, no steps) none."""
     frames = []
     for arm, paths in arm_paths.items():
         for it in range(iterations):
+            outcomes = group_outcomes(iteration_stages(paths, it))
             pattern = paths.iteration_file(it, fine_tune_steps("*"))
-            for path in sorted(paths.fs.glob(pattern)):
-                steps, summary = read_training(paths.fs, path)
-                entry = (seed, arm, it + 1, steps, summary)
-                frames.append(training_rows([entry]).assign(group=steps_group(path)))
+            steps_files = {steps_group(p): p for p in sorted(paths.fs.glob(pattern))}
+            for group in sorted(outcomes.keys() | steps_files.keys()):
+                path = steps_files.get(group)
+                steps, summary = read_training(paths.fs, path) if path else (EMPTY_STEPS, None)
+                outcome = {"examples": math.nan, "switch": "", "reason": ""} | outcomes.get(
+                    group, {}
+                )
+                row = training_rows([(seed, arm, it + 1, steps, summary)])
+                frames.append(row.assign(group=group, **outcome))
     if not frames:
-        return pd.DataFrame(columns=[*ROW_COLUMNS, "group"])
+        return pd.DataFrame(columns=[*ROW_COLUMNS, *OUTCOME_COLUMNS])
     return pd.concat(frames, ignore_index=True)
+
+
+def iteration_stages(paths: RunPaths, iteration: int) -> dict:
+    """The stages of an iteration's manifest ({} where it has none)."""
+    path = paths.manifest(iteration)
+    return dict(read_json(paths.fs, path).get("stages") or {}) if paths.fs.exists(path) else {}
 
 
 def seed_file(experiment_paths: RunPaths, seed: int, name: str) -> str:

@@ -6,13 +6,16 @@ last step, the DPO reward margin and accuracy at the last step (accuracy: the sh
 whose chosen answer the model prefers over the rejected one), and whether examples were cut at
 the trainer's maximum length. Pure functions of already-read tables; `read_training` reads one
 run's file. `epochs` is how far the job trained (the last step's epoch): fewer than asked where
-it stopped once fitted (`stop_at_pair_accuracy`).
+it stopped once fitted (`stop_at_pair_accuracy`). `examples` and `switch` say, per model group, how
+many rows its dataset export wrote (a multi-agent protocol's prover may get none) and what became
+of its model (`group_outcomes`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import fsspec
 import pandas as pd
@@ -36,6 +39,8 @@ MEAN_COLUMNS = [
     "tokens_mean",
 ]
 MAX_COLUMNS = ["tokens_max", "max_length", "truncated", "dropped"]
+# Per model group, from the iteration's manifest (`group_outcomes`).
+OUTCOME_COLUMNS = ["group", "examples", "switch", "reason"]
 
 
 def read_training(fs: fsspec.AbstractFileSystem, path: str) -> tuple[pd.DataFrame, dict | None]:
@@ -75,6 +80,32 @@ def training_rows(entries: Iterable[TrainingEntry]) -> pd.DataFrame:
         for seed, arm, iteration, steps, summary in entries
     ]
     return pd.DataFrame(rows, columns=ROW_COLUMNS)
+
+
+def group_outcomes(stages: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per trainable group of one iteration, from its manifest's stages: `examples`, the rows
+    its dataset export wrote; `switch`, what became of its model: the switch guard's
+    `switched` or `kept_previous`, `switched` where no guard judged a job's model,
+    `not_trained` where no job ran (too few rows), "" where the stages do not say; `reason`,
+    the guard's or the skip's reason ("" for none). Groups the export did not write are left
+    out: runs from before the export recorded its rows."""
+    info = lambda stage: (stages.get(stage) or {}).get("info") or {}  # noqa: E731
+    export, fine_tune, guard = info("export"), info("fine_tune"), info("switch_guard")
+    outcomes = {}
+    for group, exported in export.items():
+        if not isinstance(exported, Mapping) or "rows" not in exported:
+            continue
+        job, judged = fine_tune.get(group) or {}, guard.get(group) or {}
+        if job.get("skip_reason"):
+            switch, reason = "not_trained", job["skip_reason"]
+        elif judged.get("verdict"):
+            switch, reason = judged["verdict"], judged.get("reason") or ""
+        elif job.get("status") == "succeeded":
+            switch, reason = "switched", ""
+        else:
+            switch, reason = "", ""
+        outcomes[group] = {"examples": int(exported["rows"]), "switch": switch, "reason": reason}
+    return outcomes
 
 
 def arm_training_summary(entries: Iterable[TrainingEntry]) -> pd.DataFrame:

@@ -122,7 +122,7 @@ EXPERIMENT_TIMINGS_FILE = "experiment_timings.json"  # in an arm's run folder, p
 SEED_FILES = ("rows.parquet", "training.parquet", "timings.parquet")
 EXPERIMENT_FILE = "experiment.parquet"  # one row per seed, arm, iteration, datapoint, sample
 SUMMARY_FILE = "summary.parquet"  # per seed and across seeds, with confidence intervals
-TRAINING_FILE = "training.parquet"  # the trainer's steps and dataset per seed, arm, iteration
+TRAINING_FILE = "training.parquet"  # per seed, arm, iteration and group: rows, switch, trainer
 EXPERIMENT_PNG = "experiment.png"  # the learning curves
 EXPERIMENT_HTML = "experiment.html"  # the experiment's page
 
