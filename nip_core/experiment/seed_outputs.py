@@ -39,6 +39,8 @@ from nip_core.run.iteration_files import (
 )
 
 EMPTY_STEPS = pd.DataFrame(columns=["step", "loss"])  # a group that trained no step
+# A steps file without its export's record (a run from before the export counted its rows).
+UNKNOWN_OUTCOME = {"examples": math.nan, "switch": "", "reason": ""}
 
 # A seed's experiment rows, training diagnostics and timings.
 SeedResult = tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]
@@ -92,11 +94,8 @@ def training_table(arm_paths: dict[str, RunPaths], seed: int, iterations: int) -
             for group in sorted(outcomes.keys() | steps_files.keys()):
                 path = steps_files.get(group)
                 steps, summary = read_training(paths.fs, path) if path else (EMPTY_STEPS, None)
-                outcome = {"examples": math.nan, "switch": "", "reason": ""} | outcomes.get(
-                    group, {}
-                )
                 row = training_rows([(seed, arm, it + 1, steps, summary)])
-                frames.append(row.assign(group=group, **outcome))
+                frames.append(row.assign(group=group, **outcomes.get(group, UNKNOWN_OUTCOME)))
     if not frames:
         return pd.DataFrame(columns=[*ROW_COLUMNS, *OUTCOME_COLUMNS])
     return pd.concat(frames, ignore_index=True)
