@@ -22,7 +22,14 @@ from nip_core.experiment.training_diagnostics import (
     read_training,
     training_rows,
 )
-from nip_core.run.artifacts import RunPaths, read_json, read_parquet, write_bytes, write_json
+from nip_core.run.artifacts import (
+    RunPaths,
+    manifest_stages,
+    read_json,
+    read_parquet,
+    write_bytes,
+    write_json,
+)
 from nip_core.run.artifacts import write_parquet as write_arrow
 from nip_core.run.iteration_files import (
     EXPERIMENT_FILE,
@@ -88,7 +95,7 @@ def training_table(arm_paths: dict[str, RunPaths], seed: int, iterations: int) -
     frames = []
     for arm, paths in arm_paths.items():
         for it in range(iterations):
-            outcomes = group_outcomes(iteration_stages(paths, it))
+            outcomes = group_outcomes(manifest_stages(paths, it))
             pattern = paths.iteration_file(it, fine_tune_steps("*"))
             steps_files = {steps_group(p): p for p in sorted(paths.fs.glob(pattern))}
             for group in sorted(outcomes.keys() | steps_files.keys()):
@@ -99,12 +106,6 @@ def training_table(arm_paths: dict[str, RunPaths], seed: int, iterations: int) -
     if not frames:
         return pd.DataFrame(columns=[*ROW_COLUMNS, *OUTCOME_COLUMNS])
     return pd.concat(frames, ignore_index=True)
-
-
-def iteration_stages(paths: RunPaths, iteration: int) -> dict:
-    """The stages of an iteration's manifest ({} where it has none)."""
-    path = paths.manifest(iteration)
-    return dict(read_json(paths.fs, path).get("stages") or {}) if paths.fs.exists(path) else {}
 
 
 def seed_file(experiment_paths: RunPaths, seed: int, name: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nip_core.run.artifacts import RunPaths, read_json
+from nip_core.run.artifacts import RunPaths, manifest_stages
 from nip_core.run.iteration_context import IterationContext
 
 METRICS = ("accuracy", "precision", "recall")
@@ -59,10 +59,7 @@ def _fmt(value: Any) -> str:
 
 def iteration_files(paths: RunPaths, iteration: int) -> list[str]:
     """Full paths of the files the iteration's manifest records (shards left out)."""
-    manifest_path = paths.manifest(iteration)
-    if not paths.fs.exists(manifest_path):
-        return []
-    stages = read_json(paths.fs, manifest_path).get("stages", {})
+    stages = manifest_stages(paths, iteration)
     relative = {
         name
         for stage, entry in stages.items()

@@ -207,6 +207,13 @@ def load_manifest(paths: RunPaths, iteration: int, run_name: str, config_hash: s
     return manifest
 
 
+def manifest_stages(paths: RunPaths, iteration: int) -> dict:
+    """The stages an iteration's manifest records ({} where the iteration has none): for
+    readers of a run, which never rewrite it."""
+    path = paths.manifest(iteration)
+    return dict(read_json(paths.fs, path).get("stages") or {}) if paths.fs.exists(path) else {}
+
+
 def _readable_manifest(paths: RunPaths, path: str) -> dict | None:
     """The manifest at `path`, or None after moving an unreadable one aside with a warning.
 
