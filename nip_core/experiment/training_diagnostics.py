@@ -29,16 +29,8 @@ ROW_COLUMNS = [
     "seed", "arm", "iteration", "steps", "epochs", "first_loss", "last_loss", "last_margin",
     "last_accuracy", "tokens_mean", "tokens_max", "max_length", "truncated", "dropped",
 ]  # fmt: skip
-MEAN_COLUMNS = [
-    "steps",
-    "epochs",
-    "first_loss",
-    "last_loss",
-    "last_margin",
-    "last_accuracy",
-    "tokens_mean",
-]
-MAX_COLUMNS = ["tokens_max", "max_length", "truncated", "dropped"]
+# From the job's dataset summary (the trainer's view of its rows).
+DATASET_COLUMNS = ["tokens_max", "max_length", "truncated", "dropped", "tokens_mean"]
 # Per model group, from the iteration's manifest (`group_outcomes`).
 OUTCOME_COLUMNS = ["group", "examples", "switch", "reason"]
 
@@ -76,7 +68,7 @@ def training_rows(entries: Iterable[TrainingEntry]) -> pd.DataFrame:
             "last_margin": _end(steps, "rewards_margins"),
             "last_accuracy": _end(steps, "rewards_accuracies"),
         }
-        | {key: _number(summary, key) for key in MAX_COLUMNS + ["tokens_mean"]}
+        | {key: _number(summary, key) for key in DATASET_COLUMNS}
         for seed, arm, iteration, steps, summary in entries
     ]
     return pd.DataFrame(rows, columns=ROW_COLUMNS)
@@ -106,16 +98,3 @@ def group_outcomes(stages: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             switch, reason = "", ""
         outcomes[group] = {"examples": int(exported["rows"]), "switch": switch, "reason": reason}
     return outcomes
-
-
-def arm_training_summary(entries: Iterable[TrainingEntry]) -> pd.DataFrame:
-    """One row per (arm, iteration) over seeds: `seeds`, the mean of the step values and tokens
-    per example, and the largest of max tokens, max length, truncated and dropped examples (the
-    worst seed), so one seed with cut-off examples is not averaged away."""
-    rows = training_rows(entries)
-    if rows.empty:
-        return pd.DataFrame(columns=["arm", "iteration", "seeds", *MEAN_COLUMNS, *MAX_COLUMNS])
-    grouped = rows.groupby(["arm", "iteration"], sort=True)
-    summary = grouped[MEAN_COLUMNS].mean().join(grouped[MAX_COLUMNS].max())
-    summary.insert(0, "seeds", grouped["seed"].nunique())
-    return summary.reset_index()
