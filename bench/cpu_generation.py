@@ -49,21 +49,28 @@ sys.path.insert(0, str(ROOT))
 from nip_core.lm_server.embedded_model import EMBEDDED_MODEL_NAME, embedded_model_path  # noqa: E402
 
 
+def train_rows(count: int) -> pd.DataFrame:
+    """The first `count` rows of the shipped dataset's train split (question, solution, label y)."""
+    frame = pd.read_parquet(ROOT / "nip_core" / "data" / "humaneval_buggy.parquet")
+    return frame[frame.split == "train"].head(count)
+
+
+def verifier_chat(row) -> list[dict]:
+    """A verifier-style chat about one dataset row: a system line, then the question, the
+    solution and the instruction to judge it."""
+    return [
+        {"role": "system", "content": "You judge whether Python solutions are correct."},
+        {
+            "role": "user",
+            "content": f"Question:\n{row.question}\n\nSolution:\n{row.solution}\n\n"
+            "Is the solution correct? Answer 'Decision: accept' or 'Decision: reject'.",
+        },
+    ]
+
+
 def prompts(count: int) -> list[list[dict]]:
     """`count` verifier-style chats built from the shipped dataset's train split."""
-    frame = pd.read_parquet(ROOT / "nip_core" / "data" / "humaneval_buggy.parquet")
-    frame = frame[frame.split == "train"].head(count)
-    return [
-        [
-            {"role": "system", "content": "You judge whether Python solutions are correct."},
-            {
-                "role": "user",
-                "content": f"Question:\n{row.question}\n\nSolution:\n{row.solution}\n\n"
-                "Is the solution correct? Answer 'Decision: accept' or 'Decision: reject'.",
-            },
-        ]
-        for row in frame.itertuples()
-    ]
+    return [verifier_chat(row) for row in train_rows(count).itertuples()]
 
 
 def raw_tokens_per_second(chats: list[list[dict]], n: int, max_tokens: int) -> float:

@@ -34,28 +34,28 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_generation import ROOT, _free_port, _send_all, _wait_up  # noqa: E402
+from cpu_generation import (  # noqa: E402
+    ROOT,
+    _free_port,
+    _send_all,
+    _wait_up,
+    train_rows,
+    verifier_chat,
+)
 
 from nip_core.lm_server.embedded_model import EMBEDDED_MODEL_NAME  # noqa: E402
 
 
 def verifier_pairs(count: int) -> list[dict]:
-    """`count` DPO rows in the fine-tuning API's format: a verifier prompt from the train split,
-    the labelled verdict preferred."""
-    import pandas as pd
-
-    frame = pd.read_parquet(ROOT / "nip_core" / "data" / "humaneval_buggy.parquet")
-    frame = frame[frame.split == "train"].head(count)
+    """`count` DPO rows in the fine-tuning API's format: a verifier's question about a solution
+    from the train split (the user turn of `cpu_generation.verifier_chat`), the labelled verdict
+    preferred."""
     rows = []
-    for row in frame.itertuples():
-        prompt = (
-            f"Question:\n{row.question}\n\nSolution:\n{row.solution}\n\n"
-            "Is the solution correct? Answer 'Decision: accept' or 'Decision: reject'."
-        )
+    for row in train_rows(count).itertuples():
         right, wrong = ("accept", "reject") if row.y else ("reject", "accept")
         rows.append(
             {
-                "input": {"messages": [{"role": "user", "content": prompt}]},
+                "input": {"messages": verifier_chat(row)[1:]},
                 "preferred_output": [{"role": "assistant", "content": f"Decision: {right}"}],
                 "non_preferred_output": [{"role": "assistant", "content": f"Decision: {wrong}"}],
             }
