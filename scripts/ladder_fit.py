@@ -62,6 +62,32 @@ def train_batch(hp, n=32):
     return [rows[p] for p in positions]
 
 
+def twin_batch(hp, n=32):
+    """`n // 2` train questions drawn by the seed, each with both of its solutions (correct and
+    buggy): the rows of a question differ only in the code, so nothing but the bug tells them
+    apart."""
+    rows = prompts(hp, "train")
+    by_question = {}
+    for dp, chat in rows:
+        by_question.setdefault(dp.question, []).append((dp, chat))
+    twins = [pair for pair in by_question.values() if {dp.y for dp, _ in pair} == {0, 1}]
+    random.Random(hp.seed).shuffle(twins)
+    return [row for pair in twins[: n // 2] for row in pair]
+
+
+def paired_accuracy(p, datapoints):
+    """The share of questions, among those present with both labels, whose correct solution
+    gets the higher P(accept): 0.5 for any verdict that reads only the question."""
+    correct, buggy = {}, {}
+    for prob, dp in zip(p, datapoints, strict=True):
+        (correct if dp.y == 1 else buggy)[dp.question] = prob
+    both = correct.keys() & buggy.keys()
+    if not both:
+        return float("nan")
+    wins = [1.0 if correct[q] > buggy[q] else 0.5 if correct[q] == buggy[q] else 0.0 for q in both]
+    return float(np.mean(wins))
+
+
 ACCEPT, REJECT = 2630, 6144
 
 
@@ -138,10 +164,13 @@ def main():
     ap.add_argument("--eval-test", type=int, default=1)
     ap.add_argument("--shuffle-labels", type=int, default=0)
     ap.add_argument("--checkpointing", type=int, default=0)
+    ap.add_argument(
+        "--twins", type=int, default=0, help="1: n/2 questions, each with both its solutions"
+    )
     a = ap.parse_args()
     torch.set_num_threads(2)
     hp = hp_for(a.seed, a.difficulty)
-    batch = train_batch(hp, a.n)
+    batch = twin_batch(hp, a.n) if a.twins else train_batch(hp, a.n)
     labels = [dp.y for dp, _ in batch]
     if a.shuffle_labels:
         labels = list(np.random.default_rng(a.seed).permutation(labels))
@@ -206,6 +235,7 @@ def main():
         te = prompts(hp, "test")
         p = verdict_probs(m, tok, [c for _, c in te])
         report("test", p, np.array([dp.y for dp, _ in te]))
+        print(f"test paired accuracy {paired_accuracy(p, [dp for dp, _ in te]):.3f}", flush=True)
 
 
 if __name__ == "__main__":
