@@ -7,8 +7,8 @@ This counts, per example, the prompt and completion tokens the way TRL 1.16 toke
 (`apply_chat_template` on the prompt with the generation prompt, and on prompt + completion;
 the completion starts where the two diverge), and how many examples exceed the maximum.
 
-SFT rows (`messages`) have no prompt/completion split in TRL (the loss covers every token); here
-the prompt is every message before the last assistant one, only to show how long the answer is.
+SFT rows (`messages`) learn every assistant turn (`assistant_masks`); here the prompt is every
+message before the last assistant one, only to show how long the answer is.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The training code path shared by the server's training child and `bench/dpo_step.py`.
 
 It loads the model to train from (a base model, optionally with a previous adapter that is either
-re-used or merged and stacked), builds a TRL `DPOTrainer`, `KTOTrainer` or `SFTTrainer` with our
-precision policy, and saves the result. Precision by device: fp32 without gradient checkpointing on
+re-used or merged and stacked), builds a TRL `DPOTrainer`, `KTOTrainer` or `SFTTrainer` (learning
+the assistant's turns only, as the OpenAI API does) with our precision policy, and saves the
+result. Precision by device: fp32 without gradient checkpointing on
 CPU (bf16 autocast is ~29x slower there), bf16 (fp16 if unsupported) on CUDA. torch, transformers,
 peft and trl are imported inside the functions so that importing this module stays cheap.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from nip_core.lm_server.assistant_masks import assistant_only_rows
 from nip_core.lm_server.options import OptionsError, TrainingOptions
 from nip_core.lm_server.shared_prefix import share_pair_prefixes, transformer_backbone
 
@@ -338,6 +340,9 @@ def build_trainer(options, model, tokenizer, rows, output_dir, peft_config=None,
     if options.method == "dpo" and SHARE_PAIR_PROMPTS:
         # Before the trainer is built: it computes the reference's log-probabilities there.
         share_pair_prefixes(transformer_backbone(model))
+    if trainer_cls is SFTTrainer:
+        # As the OpenAI API trains: the assistant's turns only, not the prompt they answer.
+        rows = assistant_only_rows(tokenizer, rows)
     return trainer_cls(
         model=model,
         args=trainer_config(options, output_dir, **overrides),
