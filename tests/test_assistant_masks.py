@@ -36,7 +36,8 @@ def tokenizer():
 
 
 def learned_text(tokenizer, row: dict) -> str:
-    return tokenizer.decode([t for t, m in zip(row["input_ids"], row["assistant_masks"]) if m])
+    pairs = zip(row["input_ids"], row["assistant_masks"], strict=True)
+    return tokenizer.decode([token for token, learned in pairs if learned])
 
 
 def test_only_the_assistant_turns_are_learned(tokenizer) -> None:
@@ -64,6 +65,14 @@ def test_every_row_is_masked_and_a_row_without_an_answer_is_refused(tokenizer) -
     assert learned_text(tokenizer, row) == "<|im_end|>\n"
     with pytest.raises(ChatTemplateError, match="no assistant tokens"):
         assistant_only_row(tokenizer, CONVERSATION[:2])
+
+
+def test_a_slow_tokenizer_is_refused_by_name() -> None:
+    class SlowTokenizer:
+        is_fast = False
+
+    with pytest.raises(ChatTemplateError, match="fast tokenizer.*SlowTokenizer"):
+        assistant_only_row(SlowTokenizer(), CONVERSATION)
 
 
 def test_a_template_that_rewrites_earlier_turns_is_refused(tokenizer) -> None:

@@ -46,6 +46,11 @@ def assistant_spans(tokenizer, messages: Sequence[dict]) -> tuple[str, list[tupl
 def assistant_only_row(tokenizer, messages: Sequence[dict]) -> dict:
     """`{"input_ids", "assistant_masks"}` of one conversation: 1 on the tokens of its assistant
     turns, 0 elsewhere."""
+    if not getattr(tokenizer, "is_fast", False):
+        raise ChatTemplateError(
+            "supervised training needs a fast tokenizer (its character offsets tell the "
+            f"assistant's tokens apart); {type(tokenizer).__name__} is not one"
+        )
     text, spans = assistant_spans(tokenizer, messages)
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     mask = [

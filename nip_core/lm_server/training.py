@@ -3,9 +3,9 @@
 It loads the model to train from (a base model, optionally with a previous adapter that is either
 re-used or merged and stacked), builds a TRL `DPOTrainer`, `KTOTrainer` or `SFTTrainer` (learning
 the assistant's turns only, as the OpenAI API does) with our precision policy, and saves the
-result. Precision by device: fp32 without gradient checkpointing on
-CPU (bf16 autocast is ~29x slower there), bf16 (fp16 if unsupported) on CUDA. torch, transformers,
-peft and trl are imported inside the functions so that importing this module stays cheap.
+result. Precision by device: fp32 without gradient checkpointing on CPU (bf16 autocast is ~29x
+slower there), bf16 (fp16 if unsupported) on CUDA. torch, transformers, peft and trl are
+imported inside the functions so that importing this module stays cheap.
 """
 
 from __future__ import annotations
