@@ -65,4 +65,5 @@ exec "$venv/bin/python" -m pytest \
   tests/test_lm_server_training.py \
   tests/test_dpo_export_trains.py \
   tests/test_early_stop.py \
+  tests/test_assistant_masks.py \
   "$@"
