@@ -390,6 +390,52 @@ def test_make_engine_builds_the_vllm_engine_without_starting_it() -> None:
     assert engine.models() == ["org/base"]
 
 
+@pytest.mark.parametrize("gated", [True, False])
+def test_cpu_requests_wait_for_room_so_their_timeout_counts_from_admission(
+    fake_vllm, tmp_path, monkeypatch, gated
+) -> None:
+    """vLLM runs 2 sequences at a time here, each chat of n = 2 takes 0.25 s, the request timeout
+    is 1.5 s, and 10 chats arrive at once: sent straight on, the last ones queue in vLLM past
+    their timeout; held by our gate (4 sequences: 2 running, 2 waiting) every one is answered."""
+    monkeypatch.setenv("FAKE_VLLM_MAX_SEQS", "2")
+    monkeypatch.setenv("FAKE_VLLM_CHAT_DELAY", "0.25")
+    engine = VllmEngine(
+        "base-model",
+        port=free_port(),
+        vllm_executable=str(fake_vllm),
+        device="cpu",
+        cpu_max_num_seqs=2,
+        request_timeout=1.5,
+        startup_timeout=20,
+        stop_grace=3,
+        log_path=tmp_path / "logs" / "vllm.log",
+    )
+    assert engine.config.admitted_sequences == 4
+
+    async def scenario() -> None:
+        await engine.start()
+        if not gated:
+            for instance in engine._pool.running.values():
+                instance.gate = None
+        answers = await asyncio.gather(
+            *(engine.chat(chat("base-model", n=2)) for _ in range(10)), return_exceptions=True
+        )
+        failures = [a for a in answers if isinstance(a, BaseException)]
+        loads = [r["sequences"] for r in records(tmp_path, "load")]
+        if gated:
+            assert failures == []
+            assert [[c.text for c in a] for a in answers] == [["base-model#0", "base-model#1"]] * 10
+            assert len(loads) == 10 and max(loads) <= 4
+        else:  # the failure the gate prevents: timed out while queued in vLLM
+            assert failures and all("ReadTimeout" in str(f) for f in failures)
+            assert max(loads) > 4
+
+    try:
+        run(engine, scenario)
+    finally:
+        kill_leftovers(tmp_path)
+
+
 def test_vllm_errors_are_mapped(engine, tmp_path) -> None:
     async def scenario() -> None:
         await engine.start()

@@ -9,7 +9,9 @@ one-token `/v1/completions` with `logprob_token_ids`) gives -0.5 a word (after
 a reload -1.5); after `/collective_rpc` `reload_weights` (served with
 VLLM_SERVER_DEV_MODE=1, as `/reset_prefix_cache`) `<folder name of the weights>#<index>`. Env switches: FAKE_VLLM_DELAY (seconds before listening),
 FAKE_VLLM_CRASH (exit 3 at start-up), FAKE_VLLM_IGNORE_TERM (ignore SIGTERM),
-FAKE_VLLM_CHAT_DELAY (seconds each chat takes).
+FAKE_VLLM_CHAT_DELAY (seconds each chat takes), FAKE_VLLM_MAX_SEQS (as vLLM's `--max-num-seqs`:
+chats run while their samples fit, the rest queue; each chat records the sequences it found
+received and not yet answered, `load`).
 """
 
 import json
@@ -17,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -25,11 +28,29 @@ HERE = Path(__file__).parent
 MODEL = ""
 LABEL = ""  # what a chat answer starts with: the served name, or the folder of reloaded weights
 ADAPTERS: dict[str, str] = {}
+RUNNING = threading.Condition()
+LOAD = {"received": 0, "running": 0}  # sequences, guarded by RUNNING
 
 
 def record(kind, **fields):
     with (HERE / "requests.jsonl").open("a") as fh:
         fh.write(json.dumps({"kind": kind, "pid": os.getpid(), **fields}) + "\n")
+
+
+def run_chat(n: int) -> None:
+    """Take FAKE_VLLM_CHAT_DELAY seconds once the chat's `n` sequences fit FAKE_VLLM_MAX_SEQS."""
+    limit = int(os.environ.get("FAKE_VLLM_MAX_SEQS", "0")) or None
+    with RUNNING:
+        LOAD["received"] += n
+        record("load", sequences=LOAD["received"])
+        while limit and LOAD["running"] and LOAD["running"] + n > limit:
+            RUNNING.wait()
+        LOAD["running"] += n
+    time.sleep(float(os.environ.get("FAKE_VLLM_CHAT_DELAY", "0")))
+    with RUNNING:
+        LOAD["received"] -= n
+        LOAD["running"] -= n
+        RUNNING.notify_all()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -72,7 +93,7 @@ class Handler(BaseHTTPRequestHandler):
                 return self.send(200, {"prompt_token_ids": ids, "prompt_logprobs": logprobs})
             if body.get("max_tokens", 1) < 1:
                 return self.error(400, "max_tokens must be at least 1")
-            time.sleep(float(os.environ.get("FAKE_VLLM_CHAT_DELAY", "0")))
+            run_chat(body.get("n", 1))
             choices = [
                 {
                     "index": i,

@@ -124,6 +124,12 @@ class VllmServeConfig:
     weight_reload: bool = False  # the engine swaps checkpoints in place (merged LoRA)
     enforce_eager: bool = False  # no torch.compile: a faster start, slower tokens
 
+    @property
+    def admitted_sequences(self) -> int | None:
+        """Sequences our server forwards to this process at once (`admission.py`): on CPU
+        twice what it runs, so the next batch waits in vLLM; None (GPU): no bound."""
+        return 2 * self.cpu_max_num_seqs if self.device == "cpu" else None
+
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("model must be a non-empty model name or path")

@@ -296,7 +296,7 @@ class VllmEngine:
             body = chat_body(request)
             if self.lora_mode == "merge":  # the process may have been launched on another model
                 body["model"] = instance.launch_name
-            response = await instance.post("/v1/chat/completions", body)
+            response = await instance.post("/v1/chat/completions", body, sequences=request.n)
             if response.status_code == 404:
                 raise AdapterError(
                     f"vLLM does not serve model {request.model!r} ({error_message(response)}); "

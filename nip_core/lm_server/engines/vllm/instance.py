@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from nip_core.lm_server.engines.vllm.admission import SequenceGate
 from nip_core.lm_server.engines.vllm.config import VllmServeConfig
 from nip_core.lm_server.engines.vllm.process import (
     VllmError,
@@ -56,6 +57,8 @@ class VllmInstance:
         self.inflight = 0  # requests being served (the engine's lock guards this count)
         self.ready = False  # launched and healthy
         self.last_used = time.monotonic()
+        capacity = config.admitted_sequences
+        self.gate = SequenceGate(capacity) if capacity is not None else None
 
     async def launch(self, startup_timeout: float) -> None:
         """Start the process and wait until it answers `/v1/models` (stopped again on failure)."""
@@ -150,7 +153,15 @@ class VllmInstance:
             return VllmError("vLLM is not running: call start() or reacquire_accelerator() first")
         return VllmError(f"vLLM crashed ({self.status()}); {self.process.tail()}")
 
-    async def post(self, route: str, body: dict[str, Any]) -> httpx.Response:
+    async def post(self, route: str, body: dict[str, Any], sequences: int = 0) -> httpx.Response:
+        """POST `body`; a request that generates or scores `sequences` > 0 first waits for room
+        at the gate, so the request timeout counts from when vLLM can take it."""
+        if sequences > 0 and self.gate is not None:
+            async with self.gate.admit(sequences):
+                return await self._post(route, body)
+        return await self._post(route, body)
+
+    async def _post(self, route: str, body: dict[str, Any]) -> httpx.Response:
         if not self.is_running() or self.client is None:
             raise self.not_serving_error()
         try:

@@ -42,8 +42,11 @@ class TokenizedReply:
         return max(len(self.ids) - self.start, 0)
 
 
-async def _json(instance: VllmInstance, route: str, body: dict[str, Any]) -> dict:
-    response = await instance.post(route, body)
+async def _json(
+    instance: VllmInstance, route: str, body: dict[str, Any], sequences: int = 0
+) -> dict:
+    """`sequences`: 1 for a request vLLM schedules as a sequence, 0 for `/tokenize`."""
+    response = await instance.post(route, body, sequences=sequences)
     instance.raise_for_server_error(response, f"scoring ({route})")
     if response.status_code >= 400:
         raise ValueError(f"vLLM rejected the score request: {error_message(response)}")
@@ -139,7 +142,7 @@ async def _next_token_logprobs(
             "logprob_token_ids": tokens,
             "return_tokens_as_token_ids": True,
         }
-        reply = await gated(_json(instance, "/v1/completions", body))
+        reply = await gated(_json(instance, "/v1/completions", body, sequences=1))
         top = reply["choices"][0]["logprobs"]["top_logprobs"][0]
         for token in tokens:
             key = f"token_id:{token}"
@@ -169,7 +172,7 @@ async def _prompt_logprobs(
         "prompt_logprobs": 0,
         "return_token_ids": True,
     }
-    answer = await _json(instance, "/v1/chat/completions", body)
+    answer = await _json(instance, "/v1/chat/completions", body, sequences=1)
     ids, logprobs = answer["prompt_token_ids"], answer["prompt_logprobs"]
     start = reply.start
     if len(ids) <= start:
