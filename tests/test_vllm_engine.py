@@ -263,6 +263,8 @@ def test_cpu_command_line_works_around_vllm_cpu() -> None:
     long = vllm_command(VllmServeConfig("/m", device="cpu", max_model_len=16384))
     assert long[long.index("--max-num-batched-tokens") + 1] == "16384"
     assert config.name == "ft:x" and VllmServeConfig("/m").name == "/m"
+    small_blocks = vllm_command(VllmServeConfig("/m", device="cpu", cpu_block_size=32))
+    assert small_blocks[-2:] == ["--block-size", "32"]
 
 
 def test_cpu_environment_binds_threads_and_preloads_intel_openmp(tmp_path) -> None:
@@ -337,6 +339,9 @@ def test_cpu_options_are_validated() -> None:
         VllmServeConfig("m", extra_args=["--no-enable-chunked-prefill"])
     with pytest.raises(ValueError, match="no CPU core"):
         cpu_list([])
+    for block in (0, 8, 40, True):
+        with pytest.raises(ValueError, match="cpu_block_size must be None or a multiple of 16"):
+            VllmServeConfig("m", device="cpu", cpu_block_size=block)
 
 
 def test_adapter_rank_reads_r_and_rank_pattern(tmp_path: Path) -> None:

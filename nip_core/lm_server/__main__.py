@@ -156,6 +156,13 @@ def _add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
         "its queue",
     )
     vllm.add_argument(
+        "--vllm-cpu-block-size",
+        type=_positive,
+        default=None,
+        help="CPU: tokens per KV-cache block, a multiple of 16 (default: vLLM's, 128); the "
+        "prefix cache shares whole blocks only",
+    )
+    vllm.add_argument(
         "--vllm-cpu-dtype",
         choices=CPU_DTYPES,
         default="auto",
@@ -177,6 +184,7 @@ def vllm_options(args: argparse.Namespace) -> dict:
         "enforce_eager": args.vllm_enforce_eager,
         "cpu_dtype": args.vllm_cpu_dtype,
         "cpu_max_num_seqs": args.vllm_cpu_max_num_seqs,
+        "cpu_block_size": args.vllm_cpu_block_size,
     }
 
 

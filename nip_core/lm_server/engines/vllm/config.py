@@ -120,6 +120,7 @@ class VllmServeConfig:
     cpu_kv_cache_bytes: int = 512 * MiB
     cpu_max_num_batched_tokens: int = 8192
     cpu_max_num_seqs: int = CPU_MAX_NUM_SEQS
+    cpu_block_size: int | None = None  # None: vLLM's own (128 tokens on CPU)
     cpu_dtype: str = "auto"
     weight_reload: bool = False  # the engine swaps checkpoints in place (merged LoRA)
     enforce_eager: bool = False  # no torch.compile: a faster start, slower tokens
@@ -153,6 +154,11 @@ class VllmServeConfig:
             size = getattr(self, name)
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {size!r}")
+        block = self.cpu_block_size
+        if block is not None and (
+            isinstance(block, bool) or not isinstance(block, int) or block < 16 or block % 16
+        ):
+            raise ValueError(f"cpu_block_size must be None or a multiple of 16, got {block!r}")
         if self.max_model_len is not None and not (
             isinstance(self.max_model_len, int) and self.max_model_len >= 1
         ):
@@ -239,6 +245,7 @@ def _cpu_flags(config: VllmServeConfig) -> list[str]:
         # as the rollouts send (a request's 16 samples share its prompt's cache), 1.08x on 144 of
         # n = 1, as evaluation sends; 128 gave what 64 did.
         "--max-num-seqs", str(config.cpu_max_num_seqs),
+        *(["--block-size", str(config.cpu_block_size)] if config.cpu_block_size else []),
     ]  # fmt: skip
 
 
