@@ -256,15 +256,15 @@ def test_cpu_command_line_works_around_vllm_cpu() -> None:
         "/v/bin/python", "-m", API_SERVER_MODULE, "--model", "/m", "--host", "127.0.0.1",
         "--port", "8123", "--served-model-name", "ft:x", "--dtype", "bfloat16",
         "--kv-cache-memory-bytes", str(256 * 2**20), "--no-enable-chunked-prefill",
-        "--max-num-batched-tokens", "8192", "--max-num-seqs", "64",
+        "--max-num-batched-tokens", "8192", "--max-num-seqs", "64", "--block-size", "32",
     ]  # fmt: skip
     assert "--gpu-memory-utilization" not in cmd and "--enable-lora" not in cmd
     # A context longer than the batch budget needs a bigger budget (no chunked prefill).
     long = vllm_command(VllmServeConfig("/m", device="cpu", max_model_len=16384))
     assert long[long.index("--max-num-batched-tokens") + 1] == "16384"
     assert config.name == "ft:x" and VllmServeConfig("/m").name == "/m"
-    small_blocks = vllm_command(VllmServeConfig("/m", device="cpu", cpu_block_size=32))
-    assert small_blocks[-2:] == ["--block-size", "32"]
+    big_blocks = vllm_command(VllmServeConfig("/m", device="cpu", cpu_block_size=128))
+    assert big_blocks[-2:] == ["--block-size", "128"]
 
 
 def test_cpu_environment_binds_threads_and_preloads_intel_openmp(tmp_path) -> None:
@@ -339,8 +339,8 @@ def test_cpu_options_are_validated() -> None:
         VllmServeConfig("m", extra_args=["--no-enable-chunked-prefill"])
     with pytest.raises(ValueError, match="no CPU core"):
         cpu_list([])
-    for block in (0, 8, 40, True):
-        with pytest.raises(ValueError, match="cpu_block_size must be None or a multiple of 16"):
+    for block in (0, 16, 48, None, True):
+        with pytest.raises(ValueError, match="cpu_block_size must be a multiple of 32"):
             VllmServeConfig("m", device="cpu", cpu_block_size=block)
 
 

@@ -343,7 +343,7 @@ def test_server_flags_reach_the_engine(tmp_path) -> None:
         ["--engine", "vllm", "--vllm-port", "8190", "--vllm-device", "cpu"]
         + ["--vllm-max-running", "2", "--vllm-switch", "restart", "--vllm-cpu-kv-cache-mib", "256"]
         + ["--vllm-cpu-dtype", "float32", "--vllm-cpu-max-num-seqs", "48"]
-        + ["--vllm-cpu-block-size", "32"]
+        + ["--vllm-cpu-block-size", "64"]
     )
     engine = VllmEngine("m", **vllm_options(args), **vllm_engine_options(args, tmp_path))
     assert (engine.lora_mode, engine.max_running, engine.config.weight_reload) == (
@@ -355,7 +355,7 @@ def test_server_flags_reach_the_engine(tmp_path) -> None:
     assert engine.config.cpu_dtype == "float32"
     argv = vllm_command(engine.config)
     assert argv[argv.index("--max-num-seqs") + 1] == "48"
-    assert argv[argv.index("--block-size") + 1] == "32"
+    assert argv[argv.index("--block-size") + 1] == "64"
     assert engine.merge_command[-2:] == ["--dtype", "float32"]  # merged as it is served
     assert engine.merge_dir == tmp_path / "vllm-merged"
     assert engine.log_path == tmp_path / "vllm-8190.log"
@@ -363,7 +363,8 @@ def test_server_flags_reach_the_engine(tmp_path) -> None:
     engine = VllmEngine("m", **vllm_options(default), **vllm_engine_options(default, tmp_path))
     assert (engine.max_running, engine.config.weight_reload) == (1, True)
     assert engine.config.cpu_max_num_seqs == 64
-    assert "--block-size" not in vllm_command(engine.config)  # vLLM's own default
+    argv = vllm_command(engine.config)
+    assert argv[argv.index("--block-size") + 1] == "32"  # ours, not vLLM's 128
 
 
 def test_usage_counts_tokens_with_the_models_tokenizer(tmp_path) -> None:

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from nip_core.lm_server.engines import ENGINE_NAMES, make_engine
-from nip_core.lm_server.engines.vllm.config import CPU_DTYPES, CPU_MAX_NUM_SEQS
+from nip_core.lm_server.engines.vllm.config import CPU_BLOCK_SIZE, CPU_DTYPES, CPU_MAX_NUM_SEQS
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # Idle keep-alive connections are closed by the client first: httpx (the OpenAI SDK, our chat
@@ -158,9 +158,9 @@ def _add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
     vllm.add_argument(
         "--vllm-cpu-block-size",
         type=_positive,
-        default=None,
-        help="CPU: tokens per KV-cache block, a multiple of 16 (default: vLLM's, 128); the "
-        "prefix cache shares whole blocks only",
+        default=CPU_BLOCK_SIZE,
+        help=f"CPU: tokens per KV-cache block, a multiple of 32 (default {CPU_BLOCK_SIZE}; "
+        "vLLM's own is 128); the prefix cache shares whole blocks only",
     )
     vllm.add_argument(
         "--vllm-cpu-dtype",
