@@ -15,20 +15,29 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+async def request(
+    gate: SequenceGate,
+    admitted: list[str],
+    name: str,
+    sequences: int,
+    until: asyncio.Event | None = None,
+) -> None:
+    """Note `name` once admitted, then hold the gate until `until` is set."""
+    async with gate.admit(sequences):
+        admitted.append(name)
+        if until is not None:
+            await until.wait()
+
+
 def test_requests_are_admitted_in_order_and_counted_in_sequences() -> None:
     async def scenario() -> list[str]:
         gate, order = SequenceGate(4), []
         first_done = asyncio.Event()
-
-        async def request(name: str, sequences: int, until: asyncio.Event | None = None) -> None:
-            async with gate.admit(sequences):
-                order.append(name)
-                if until is not None:
-                    await until.wait()
-
-        first = asyncio.create_task(request("a3", 3, first_done))
+        first = asyncio.create_task(request(gate, order, "a3", 3, first_done))
         await settle()
-        waiting = [asyncio.create_task(request(n, s)) for n, s in (("b3", 3), ("c1", 1))]
+        waiting = [
+            asyncio.create_task(request(gate, order, n, s)) for n, s in (("b3", 3), ("c1", 1))
+        ]
         await settle()
         # c1 would fit beside a3 (3 + 1 <= 4) but does not overtake b3, which came first
         assert order == ["a3"] and gate.held == 3 and gate.queued == 4
@@ -53,18 +62,11 @@ def test_a_request_larger_than_the_gate_runs_alone() -> None:
 def test_a_request_cancelled_while_waiting_leaves_no_trace() -> None:
     async def scenario() -> None:
         gate, release = SequenceGate(2), asyncio.Event()
-        admitted = []
-
-        async def request(name: str, sequences: int, until: asyncio.Event | None = None) -> None:
-            async with gate.admit(sequences):
-                admitted.append(name)
-                if until is not None:
-                    await until.wait()
-
-        holder = asyncio.create_task(request("a", 2, release))
+        admitted: list[str] = []
+        holder = asyncio.create_task(request(gate, admitted, "a", 2, release))
         await settle()
-        cancelled = asyncio.create_task(request("b", 2))
-        behind = asyncio.create_task(request("c", 1))
+        cancelled = asyncio.create_task(request(gate, admitted, "b", 2))
+        behind = asyncio.create_task(request(gate, admitted, "c", 1))
         await settle()
         cancelled.cancel()
         await settle()
@@ -79,22 +81,16 @@ def test_a_request_cancelled_while_waiting_leaves_no_trace() -> None:
 
 def test_a_cancelled_head_of_the_queue_lets_the_next_one_in() -> None:
     async def scenario() -> None:
-        gate, release = SequenceGate(3), asyncio.Event()
-
-        async def hold(sequences: int, until: asyncio.Event | None = None) -> None:
-            async with gate.admit(sequences):
-                if until is not None:
-                    await until.wait()
-
-        holder = asyncio.create_task(hold(2, release))
+        gate, release, admitted = SequenceGate(3), asyncio.Event(), []
+        holder = asyncio.create_task(request(gate, admitted, "holder", 2, release))
         await settle()
-        big = asyncio.create_task(hold(3))  # waits for the whole gate
-        small = asyncio.create_task(hold(1))  # would fit now, but waits behind `big`
+        big = asyncio.create_task(request(gate, admitted, "big", 3))  # waits for the whole gate
+        small = asyncio.create_task(request(gate, admitted, "small", 1))  # fits, waits behind big
         await settle()
         assert not small.done()
         big.cancel()
         await settle()
-        assert small.done() and gate.held == 2
+        assert small.done() and gate.held == 2 and admitted == ["holder", "small"]
         release.set()
         await holder
         assert gate.held == 0
