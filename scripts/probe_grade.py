@@ -123,7 +123,7 @@ def confound_checks(result, train, test):
     """Where a probe's paired accuracy comes from: twins whose prompts have the same token
     count (a length cue cannot rank them), and each kind of mutation (held-out train scores
     and test scores pooled)."""
-    out, kinds = {}, {}
+    out = {}
     for name, split, scores in (
         ("validation", train, result.validation_scores),
         ("test", test, result.test_scores),
@@ -132,12 +132,21 @@ def confound_checks(result, train, test):
         same = [win for _, same_length, win in wins if same_length]
         out[f"{name}_same_length_paired_accuracy"] = float(np.mean(same)) if same else float("nan")
         out[f"{name}_same_length_twins"] = len(same)
-        for kind, _, win in wins:
+    return out | by_mutation(((train, result.validation_scores), (test, result.test_scores)))
+
+
+def by_mutation(scored_splits):
+    """Paired accuracy per kind of mutation, the splits' questions pooled: [accuracy, count]."""
+    kinds = {}
+    for split, scores in scored_splits:
+        for kind, _, win in twin_wins(scores, split):
             kinds.setdefault(kind, []).append(win)
-    out["paired_accuracy_by_mutation"] = {
-        kind: [round(float(np.mean(wins)), 3), len(wins)] for kind, wins in sorted(kinds.items())
+    return {
+        "paired_accuracy_by_mutation": {
+            kind: [round(float(np.mean(wins)), 3), len(wins)]
+            for kind, wins in sorted(kinds.items())
+        }
     }
-    return out
 
 
 def score_rules(train, test):
@@ -157,7 +166,7 @@ def score_rules(train, test):
             line[f"{split_name}_paired_accuracy"] = paired_accuracy(
                 score(split), split["y"], split["question"]
             )
-        lines.append(line)
+        lines.append(line | by_mutation((split, score(split)) for split in (train, test)))
     return lines
 
 
@@ -211,6 +220,17 @@ def probe_lines(difficulty, data, layers, seed):
     return [{"grade": difficulty, **line} for line in lines]
 
 
+def plain(value):
+    """JSON-ready: numpy numbers as Python ones, NaN as null (strict JSON has no NaN)."""
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    if isinstance(value, (float, np.floating)):
+        return None if np.isnan(value) else float(value)
+    return int(value) if isinstance(value, np.integer) else value
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--difficulties", default="easy,medium,mixed")
@@ -232,12 +252,12 @@ def main():
         saved = args.features / f"{difficulty}-{args.seed}.npz" if args.features else None
         data = grade_rows(model, tok, difficulty, args.seed, layers, cache, saved)
         for line in probe_lines(difficulty, data, layers, args.seed):
-            line["seconds"] = round(time.time() - started)
-            print(json.dumps(line, default=float), flush=True)
+            line = plain(line) | {"seconds": round(time.time() - started)}
+            print(json.dumps(line), flush=True)
             lines.append(line)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(lines, indent=1, default=float) + "\n")
+        args.out.write_text(json.dumps(lines, indent=1) + "\n")
 
 
 if __name__ == "__main__":
