@@ -26,6 +26,8 @@ from transformers import TrainerCallback  # noqa: E402
 from nip_core.agents import chat_messages  # noqa: E402
 from nip_core.data.loaders import datapoints  # noqa: E402
 from nip_core.data.splits import load_split  # noqa: E402
+from nip_core.experiment.auc import auc  # noqa: E402
+from nip_core.experiment.probe import paired_accuracy  # noqa: E402
 from nip_core.lm_server import training  # noqa: E402
 from nip_core.lm_server.embedded_model import embedded_model_path  # noqa: E402
 from nip_core.lm_server.options import TrainingOptions  # noqa: E402
@@ -75,31 +77,7 @@ def twin_batch(hp, n=32):
     return [row for pair in twins[: n // 2] for row in pair]
 
 
-def paired_accuracy(p, datapoints):
-    """The share of questions, among those present with both labels, whose correct solution
-    gets the higher P(accept): 0.5 for any verdict that reads only the question."""
-    correct, buggy = {}, {}
-    for prob, dp in zip(p, datapoints, strict=True):
-        (correct if dp.y == 1 else buggy)[dp.question] = prob
-    both = correct.keys() & buggy.keys()
-    if not both:
-        return float("nan")
-    wins = [1.0 if correct[q] > buggy[q] else 0.5 if correct[q] == buggy[q] else 0.0 for q in both]
-    return float(np.mean(wins))
-
-
 ACCEPT, REJECT = 2630, 6144
-
-
-def auc(p, y):
-    p, y = np.asarray(p), np.asarray(y)
-    pos, neg = p[y == 1], p[y == 0]
-    if len(pos) == 0 or len(neg) == 0:
-        return float("nan")
-    return float(
-        ((pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum())
-        / (len(pos) * len(neg))
-    )
 
 
 @torch.no_grad()
@@ -235,7 +213,8 @@ def main():
         te = prompts(hp, "test")
         p = verdict_probs(m, tok, [c for _, c in te])
         report("test", p, np.array([dp.y for dp, _ in te]))
-        print(f"test paired accuracy {paired_accuracy(p, [dp for dp, _ in te]):.3f}", flush=True)
+        paired = paired_accuracy(p, [dp.y for dp, _ in te], [dp.question for dp, _ in te])
+        print(f"test paired accuracy {paired:.3f}", flush=True)
 
 
 if __name__ == "__main__":

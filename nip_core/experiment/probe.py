@@ -82,12 +82,12 @@ def cross_validated_scores(
 def paired_accuracy(scores: np.ndarray, labels: np.ndarray, groups: Sequence) -> float:
     """Share of the groups holding both a correct (1) and a buggy (0) row whose correct row
     scores higher (ties count one half): 0.5 for anything that reads only the question."""
-    best: dict = {}
+    by_group: dict = {}
     for score, label, group in zip(scores, labels, groups, strict=True):
-        best.setdefault(group, {})[int(label)] = float(score)
+        by_group.setdefault(group, {})[int(label)] = float(score)
     wins = [
         1.0 if pair[1] > pair[0] else 0.5 if pair[1] == pair[0] else 0.0
-        for pair in best.values()
+        for pair in by_group.values()
         if set(pair) == {0, 1}
     ]
     return float(np.mean(wins)) if wins else float("nan")
