@@ -6,9 +6,12 @@ that last position and the mean over all positions, at a few layers, are the fea
 logistic regression (nip_core.experiment.probe: penalty chosen by cross-validation with each
 question's two solutions in one fold) is fitted on the train split and scored on the test split:
 its AUC, and its paired accuracy (the share of test questions whose correct solution scores above
-its buggy twin; 0.5 for anything reading only the question). Beside them, the base verifier's own
-P(accept) at that position and a probe fitted on shuffled train labels (the control). Prints one
-JSON line per probe and writes them all to `--out`.
+its buggy twin; 0.5 for anything reading only the question). Beside them: for the probe that
+cross-validation ranks best, its paired accuracy on twins of equal token count and per kind of
+mutation, and the same features fitted on shuffled train labels (the control); scores read off the
+model with no fitting (the prompt's log-probability, per token, and its token count); and the
+base verifier's own P(accept) at that position. Prints one JSON line per result and writes them
+all to `--out`; `--features` keeps each grade's features, so a rerun fits without the model.
 
     python scripts/probe_grade.py --out docs/results/probe-grades/probes.json
 """
@@ -170,53 +173,45 @@ def score_rules(train, test):
     return lines
 
 
+def fitted(train, test, pooling, index, labels, seed):
+    """The probe on one feature set, fitted on the train rows with `labels`."""
+    return probe(
+        train[pooling][:, index], labels, train["question"],
+        test[pooling][:, index], test["y"], test["question"], seed=seed,
+    )  # fmt: skip
+
+
 def probe_lines(difficulty, data, layers, seed):
     """One result per (pooling, layer), the one cross-validation ranks best with its confound
     checks and shuffled-label control, the rules read off the model and the verdict's own
     P(accept)."""
     train, test = data["train"], data["test"]
-    results = {}
-    for pooling in ("last", "mean"):
-        for i, layer in enumerate(layers):
-            results[f"{pooling}@{layer}"] = probe(
-                train[pooling][:, i],
-                train["y"],
-                train["question"],
-                test[pooling][:, i],
-                test["y"],
-                test["question"],
-                seed=seed,
-            )
+    results = {
+        f"{pooling}@{layer}": fitted(train, test, pooling, index, train["y"], seed)
+        for pooling in ("last", "mean")
+        for index, layer in enumerate(layers)
+    }
     lines = [{"features": name, **result.metrics()} for name, result in results.items()]
     best = max(results, key=lambda name: results[name].validation_paired_accuracy)
+    checks = confound_checks(results[best], train, test)
     lines.append(
         {
             "features": f"{best} (best validation paired accuracy)",
             **results[best].metrics(),
-            **confound_checks(results[best], train, test),
+            **checks,
         }
     )
     pooling, layer = best.split("@")
-    index = layers.index(int(layer))
     shuffled = np.random.default_rng(seed).permutation(train["y"])
-    control = probe(
-        train[pooling][:, index],
-        shuffled,
-        train["question"],
-        test[pooling][:, index],
-        test["y"],
-        test["question"],
-        seed=seed,
-    )
+    control = fitted(train, test, pooling, layers.index(int(layer)), shuffled, seed)
     lines.append({"features": f"{best}, shuffled train labels", **control.metrics()})
     lines += score_rules(train, test)
-    lines.append(
-        {
-            "features": "base verdict P(accept)",
-            "test_auc": auc(test["p_accept"], test["y"]),
-            "test_paired_accuracy": paired_accuracy(test["p_accept"], test["y"], test["question"]),
-        }
-    )
+    verdict = test["p_accept"], test["y"]
+    lines.append({
+        "features": "base verdict P(accept)",
+        "test_auc": auc(*verdict),
+        "test_paired_accuracy": paired_accuracy(*verdict, test["question"]),
+    })  # fmt: skip
     return [{"grade": difficulty, **line} for line in lines]
 
 
