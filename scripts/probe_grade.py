@@ -31,7 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from nip_core.data.splits import load_split  # noqa: E402
 from nip_core.experiment.auc import auc  # noqa: E402
-from nip_core.experiment.probe import paired_accuracy, probe  # noqa: E402
+from nip_core.experiment.probe import paired_accuracy, probe, twin_outcomes  # noqa: E402
 from nip_core.lm_server.embedded_model import embedded_model_path  # noqa: E402
 from scripts.ladder_fit import hp_for, prompts  # noqa: E402
 
@@ -107,19 +107,14 @@ def grade_rows(model, tok, difficulty, seed, layers, cache, saved: Path | None):
 def twin_wins(scores, split):
     """(mutation kind, same token count, 1 / 0.5 / 0) for each question holding both
     solutions: whether the correct one scores above the buggy one."""
-    pairs = {}
-    for index, (label, question) in enumerate(zip(split["y"], split["question"], strict=True)):
-        pairs.setdefault(question, {})[int(label)] = index
-    wins = []
-    for pair in pairs.values():
-        if set(pair) == {0, 1}:
-            correct, buggy = pair[1], pair[0]
-            gap = scores[correct] - scores[buggy]
-            same_length = split["tokens"][correct] == split["tokens"][buggy]
-            wins.append(
-                (split["mutation"][buggy].split(":")[0], same_length, float(np.sign(gap) + 1) / 2)
-            )
-    return wins
+    return [
+        (
+            split["mutation"][buggy].split(":")[0],
+            split["tokens"][correct] == split["tokens"][buggy],
+            win,
+        )
+        for correct, buggy, win in twin_outcomes(scores, split["y"], split["question"])
+    ]
 
 
 def confound_checks(result, train, test):

@@ -12,6 +12,7 @@ from nip_core.experiment.probe import (
     logistic_scores,
     paired_accuracy,
     probe,
+    twin_outcomes,
 )
 
 
@@ -80,3 +81,4 @@ def test_paired_accuracy_counts_questions_with_both_labels():
     groups = ["a", "a", "b", "b", "c", "c", "lonely"]
     assert paired_accuracy(scores, labels, groups) == pytest.approx((1 + 0 + 0.5) / 3)
     assert np.isnan(paired_accuracy(scores[-1:], labels[-1:], groups[-1:]))
+    assert twin_outcomes(scores, labels, groups) == [(0, 1, 1.0), (2, 3, 0.0), (4, 5, 0.5)]

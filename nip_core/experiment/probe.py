@@ -79,18 +79,28 @@ def cross_validated_scores(
     return scores
 
 
+def twin_outcomes(
+    scores: np.ndarray, labels: np.ndarray, groups: Sequence
+) -> list[tuple[int, int, float]]:
+    """(correct row, buggy row, outcome) for each group holding both a correct (1) and a buggy
+    (0) row: outcome 1 where the correct row scores higher, 0.5 on a tie, 0 below."""
+    rows_of: dict = {}
+    for index, (label, group) in enumerate(zip(labels, groups, strict=True)):
+        rows_of.setdefault(group, {})[int(label)] = index
+    outcomes = []
+    for rows in rows_of.values():
+        if set(rows) == {0, 1}:
+            correct, buggy = float(scores[rows[1]]), float(scores[rows[0]])
+            outcome = 1.0 if correct > buggy else 0.5 if correct == buggy else 0.0
+            outcomes.append((rows[1], rows[0], outcome))
+    return outcomes
+
+
 def paired_accuracy(scores: np.ndarray, labels: np.ndarray, groups: Sequence) -> float:
     """Share of the groups holding both a correct (1) and a buggy (0) row whose correct row
     scores higher (ties count one half): 0.5 for anything that reads only the question."""
-    by_group: dict = {}
-    for score, label, group in zip(scores, labels, groups, strict=True):
-        by_group.setdefault(group, {})[int(label)] = float(score)
-    wins = [
-        1.0 if pair[1] > pair[0] else 0.5 if pair[1] == pair[0] else 0.0
-        for pair in by_group.values()
-        if set(pair) == {0, 1}
-    ]
-    return float(np.mean(wins)) if wins else float("nan")
+    outcomes = [outcome for _, _, outcome in twin_outcomes(scores, labels, groups)]
+    return float(np.mean(outcomes)) if outcomes else float("nan")
 
 
 @dataclass(frozen=True)
