@@ -77,12 +77,17 @@ def twin_batch(hp, n=32):
     return [row for pair in twins[: n // 2] for row in pair]
 
 
-ACCEPT, REJECT = 2630, 6144
+def verdict_tokens(tok):
+    """The first token of " accept" and of " reject" (what follows "Decision:")."""
+    return tuple(
+        tok(word, add_special_tokens=False)["input_ids"][0] for word in (" accept", " reject")
+    )
 
 
 @torch.no_grad()
 def verdict_probs(model, tok, chats):
     model.eval()
+    accept, reject = verdict_tokens(tok)
     out = []
     for chat in chats:
         text = (
@@ -91,7 +96,7 @@ def verdict_probs(model, tok, chats):
         ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
         logits = model(input_ids=ids, logits_to_keep=1).logits[0, -1]
         lp = torch.log_softmax(logits.float(), -1)
-        out.append(float(torch.sigmoid(lp[ACCEPT] - lp[REJECT])))
+        out.append(float(torch.sigmoid(lp[accept] - lp[reject])))
     return np.array(out)
 
 

@@ -33,14 +33,7 @@ from nip_core.data.splits import load_split  # noqa: E402
 from nip_core.experiment.auc import auc  # noqa: E402
 from nip_core.experiment.probe import paired_accuracy, probe, twin_outcomes  # noqa: E402
 from nip_core.lm_server.embedded_model import embedded_model_path  # noqa: E402
-from scripts.ladder_fit import hp_for, prompts  # noqa: E402
-
-
-def verdict_tokens(tok):
-    """The first token of " accept" and of " reject" (what follows "Decision:")."""
-    return tuple(
-        tok(word, add_special_tokens=False)["input_ids"][0] for word in (" accept", " reject")
-    )
+from scripts.ladder_fit import hp_for, prompts, verdict_tokens  # noqa: E402
 
 
 @torch.no_grad()
