@@ -3,6 +3,7 @@
     python bench/dpo_step.py [--steps 8] [--tokens 100] [--answer-words N]
     python bench/dpo_step.py --tokens 500 --answer-words 2 --compare-shared-prompt
     python bench/dpo_step.py --tokens 470 --answer-words 6 --compare-lora-top-layers 10
+    python bench/dpo_step.py --tokens 470 --answer-words 10 --compare-prompt-gradients
 
 Loads the embedded SmolLM2-135M-Instruct in fp32, builds TRL's `DPOTrainer` through the same
 code the server's training child uses (`nip_core.lm_server.training`, LoRA on all linear layers,
@@ -19,6 +20,8 @@ batch), and ends with `ratio shared_prompt/duplicated_prompt: <x>` (fastest step
 `--answer-words 2` the pairs look like the verifier's label pairs: a long prompt, a short answer.
 `--compare-lora-top-layers N` times LoRA on every layer, then on the last N only
 (`lora_top_layers`), and ends with `ratio top_N_layers/all_layers: <x>` (fastest steps).
+`--compare-prompt-gradients` times the shared prompt trained, then run without gradients
+(`prompt_gradients` false), and ends with `ratio frozen_prompt/trained_prompt: <x>`.
 """
 
 from __future__ import annotations
@@ -122,6 +125,7 @@ def measure(
     answer_words: int | None = None,
     checkpointing: bool | None = None,
     lora_top_layers: int | None = None,
+    prompt_gradients: bool = True,
 ) -> tuple[PairedClock, list[int]]:
     """Train `steps` DPO steps through the server's code path with interleaved baselines."""
     options = TrainingOptions(
@@ -132,6 +136,7 @@ def measure(
         lora_dropout=lora_dropout,
         activation_checkpointing=checkpointing,
         lora_top_layers=lora_top_layers,
+        prompt_gradients=prompt_gradients,
     )
     tokenizer = training.load_tokenizer(model_path)
     # 2 epochs of steps / 2, as jobs of several epochs
@@ -156,6 +161,7 @@ def main() -> None:
     parser.add_argument("--answer-words", type=int, default=None)
     parser.add_argument("--compare-shared-prompt", action="store_true")
     parser.add_argument("--compare-lora-top-layers", type=int, default=None, metavar="N")
+    parser.add_argument("--compare-prompt-gradients", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -171,6 +177,9 @@ def main() -> None:
         return
     if args.compare_lora_top_layers:
         compare_lora_top_layers(run, args.compare_lora_top_layers)
+        return
+    if args.compare_prompt_gradients:
+        compare_prompt_gradients(run)
         return
     clock, lengths = measure(*run)
     mean_step = statistics.mean(clock.steps)
@@ -211,6 +220,19 @@ def compare_lora_top_layers(run: tuple, count: int) -> None:
         steps = " ".join(f"{t:.2f}" for t in clock.steps)
         print(f"LoRA on {name}: sequence lengths {lengths}; dpo steps (s): {steps}")
     print(f"ratio top_{count}_layers/all_layers: {fastest[count] / fastest[None]:.2f}")
+
+
+def compare_prompt_gradients(run: tuple) -> None:
+    """The same steps with the shared prompt trained, then run without gradients (the
+    experiment configs' path otherwise: the prompt run once, no activation checkpointing)."""
+    fastest = {}
+    for prompt_gradients in (True, False):
+        clock, lengths = measure(*run, checkpointing=False, prompt_gradients=prompt_gradients)
+        name = "trained" if prompt_gradients else "frozen"
+        fastest[name] = min(clock.steps)
+        steps = " ".join(f"{t:.2f}" for t in clock.steps)
+        print(f"{name} prompt: sequence lengths {lengths}; dpo steps (s): {steps}")
+    print(f"ratio frozen_prompt/trained_prompt: {fastest['frozen'] / fastest['trained']:.2f}")
 
 
 if __name__ == "__main__":

@@ -173,18 +173,80 @@ def test_a_backbone_that_cannot_share_runs_the_plain_call_and_warns_once(backbon
     assert len(warnings) == 1 and "prompt twice" in warnings[0].getMessage()
 
 
-def _train_log(tiny_model_dir, tmp_path, share: bool, monkeypatch) -> tuple[list[dict], int]:
+def _recording_first_layer(backbone) -> list:
+    """Each call's hidden states after the first layer (LoRA's), kept with their gradients:
+    where a backward pass reaches."""
+
+    def keep(module, args, out):
+        hidden = out[0] if isinstance(out, tuple) else out
+        if hidden.requires_grad:
+            hidden.retain_grad()
+        states.append(hidden)
+
+    states = []
+    backbone.layers[0].register_forward_hook(keep)
+    return states
+
+
+def test_a_frozen_prompt_gives_the_same_log_probs_and_trains_through_the_answers_only(
+    tiny_model_dir, monkeypatch
+):
+    monkeypatch.setattr(shared_prefix, "MIN_SHARED_TOKENS", 4)
+    ids, mask, labels = _pair_batch()
+    runs = {}
+    for prompt_gradients in (True, False):
+        model = _lora_model(tiny_model_dir)  # the same weights each time
+        if prompt_gradients:
+            expected, _ = _log_probs_and_lora_grads(model, ids, mask, labels)
+        backbone = shared_prefix.transformer_backbone(model)
+        calls, original = [], backbone.forward
+        backbone.forward = lambda _o=original, _c=calls, **kw: (
+            _c.append(kw["input_ids"].shape) or _o(**kw)
+        )
+        embedded = _recording_first_layer(backbone)
+        assert shared_prefix.share_pair_prefixes(backbone, prompt_gradients=prompt_gradients)
+        runs[prompt_gradients] = (
+            *_log_probs_and_lora_grads(model, ids, mask, labels),
+            calls,
+            embedded,
+        )
+
+    trained, trained_grads, trained_calls, trained_embedded = runs[True]
+    frozen, grads, calls, embedded = runs[False]
+    assert trained_calls == [(2, 20), (4, ids.shape[1] - 20)]
+    assert trained_embedded[0].grad.abs().sum(dim=-1).gt(0).all()  # the prompt trains
+    # Frozen, the prompts' 20th shared token runs with the answers: it predicts their first.
+    assert calls == [(2, 19), (4, ids.shape[1] - 19)]
+    assert torch.allclose(frozen, expected, atol=1e-5)
+    assert torch.allclose(trained, expected, atol=1e-5)
+    assert not embedded[0].requires_grad  # no gradient reaches the 19 frozen positions
+    assert embedded[1].grad[:, 0].abs().sum(dim=-1).gt(0).all()  # the 20th is in the graph
+    lora = [name for name in grads if "lora_" in name]
+    assert len(lora) == len([n for n in trained_grads if "lora_" in n]) > 0
+    assert all(grads[name].abs().sum() > 0 for name in lora)  # every layer trains on the answers
+    assert not all(torch.allclose(grads[n], trained_grads[n], atol=1e-6) for n in lora)
+
+
+def _train_log(
+    tiny_model_dir, tmp_path, share: bool, monkeypatch, prompt_gradients: bool = True
+) -> tuple[list[dict], list[tuple[int, bool]]]:
+    """The trainer's loss log and (shared positions, frozen) of each shared call."""
     monkeypatch.setattr(training, "SHARE_PAIR_PROMPTS", share)
     shared_calls = []
     run_shared = shared_prefix._forward_sharing_prefix
     monkeypatch.setattr(
         shared_prefix,
         "_forward_sharing_prefix",
-        lambda *args: shared_calls.append(args[3]) or run_shared(*args),
+        lambda *args: shared_calls.append((args[3], args[6])) or run_shared(*args),
     )
     torch.manual_seed(0)
     options = TrainingOptions(
-        method="dpo", batch_size=1, n_epochs=2, learning_rate=1e-3, lora_dropout=0.0
+        method="dpo",
+        batch_size=1,
+        n_epochs=2,
+        learning_rate=1e-3,
+        lora_dropout=0.0,
+        prompt_gradients=prompt_gradients,
     )
     tokenizer = training.load_tokenizer(str(tiny_model_dir))
     model, peft_config, _ = training.load_for_training(str(tiny_model_dir), None, options)
@@ -202,17 +264,35 @@ def _train_log(tiny_model_dir, tmp_path, share: bool, monkeypatch) -> tuple[list
     )
     backbone = shared_prefix.transformer_backbone(trainer.model)
     assert getattr(backbone.forward, "shares_pair_prefixes", False) is share
+    assert not trainer.args.gradient_checkpointing
     trainer.train()
-    return [entry for entry in trainer.state.log_history if "loss" in entry], len(shared_calls)
+    # A copy: a later call's patch wraps this one's, which would append its calls here too.
+    return [entry for entry in trainer.state.log_history if "loss" in entry], list(shared_calls)
 
 
 def test_dpo_trainer_trains_the_same_with_the_prompt_shared(tiny_model_dir, tmp_path, monkeypatch):
     """TRL's whole step (precomputed reference, loss, margins) matches the duplicated batch."""
     unshared, unshared_calls = _train_log(tiny_model_dir, tmp_path, False, monkeypatch)
     shared, shared_calls = _train_log(tiny_model_dir, tmp_path, True, monkeypatch)
-    assert unshared_calls == 0
-    assert shared_calls == 2 + 4  # the reference's pass over both pairs, then 4 steps
+    assert unshared_calls == []
+    assert len(shared_calls) == 2 + 4  # the reference's pass over both pairs, then 4 steps
     assert len(shared) == len(unshared) == 4
     for ours, theirs in zip(shared, unshared, strict=True):
         for key in ("loss", "rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected"):
             assert ours[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-5), key
+
+
+def test_dpo_trainer_with_a_frozen_prompt_starts_alike_and_trains_otherwise(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    shared, shared_calls = _train_log(tiny_model_dir, tmp_path, True, monkeypatch)
+    frozen, frozen_calls = _train_log(tiny_model_dir, tmp_path / "f", True, monkeypatch, False)
+    # The reference's pass runs without gradients anyway; the steps freeze all but the last
+    # shared position.
+    assert [f for _, f in frozen_calls] == [False] * 2 + [True] * 4
+    assert [n for n, _ in frozen_calls] == [n for n, _ in shared_calls[:2]] + [
+        n - 1 for n, _ in shared_calls[2:]
+    ]
+    assert len(frozen) == len(shared) == 4
+    assert frozen[0]["loss"] == pytest.approx(shared[0]["loss"], rel=1e-5)  # the same first step
+    assert frozen[-1]["loss"] != pytest.approx(shared[-1]["loss"], rel=1e-4)  # other updates

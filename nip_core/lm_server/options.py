@@ -5,7 +5,7 @@ learning_rate_multiplier; type "supervised" or "dpo", or our "kto", whose hyperp
 desirable_weight and undesirable_weight) and our extension `nip_training` (use_lora, lora_rank,
 lora_alpha, lora_dropout, lora_top_layers, stack_lora_adapters, quantization, learning_rate,
 seed, loss_type, rpo_alpha, gradient_accumulation_steps, shuffle, activation_checkpointing,
-stop_at_pair_accuracy) are merged into one frozen record that the training child receives as
+stop_at_pair_accuracy, prompt_gradients) are merged into one frozen record that the training child receives as
 JSON. Bad values raise `OptionsError` naming the field.
 """
 
@@ -33,6 +33,7 @@ _NIP_FIELDS = (
     "shuffle",
     "activation_checkpointing",
     "stop_at_pair_accuracy",
+    "prompt_gradients",
 )
 
 
@@ -76,6 +77,9 @@ class TrainingOptions:
     # DPO: end the job after the first epoch whose mean pair accuracy reaches this, short of
     # `n_epochs` (`early_stop`); None: every epoch runs.
     stop_at_pair_accuracy: float | None = None
+    # DPO: False runs each pair's shared prompt once without gradients, so only the answers'
+    # positions train (`shared_prefix`); never with activation checkpointing, which shares nothing.
+    prompt_gradients: bool = True
     # KTO: the loss weights of desirable and undesirable answers; None: from the labels' counts,
     # so that both kinds weigh the same in all (`training.kto_weights`)
     desirable_weight: float | None = None
@@ -187,8 +191,29 @@ def parse_options(method: Any, nip_training: Any, seed: Any = None) -> TrainingO
             nip.get("activation_checkpointing"), "activation_checkpointing"
         ),
         stop_at_pair_accuracy=_stop_at_pair_accuracy(kind, nip.get("stop_at_pair_accuracy")),
+        prompt_gradients=_prompt_gradients(kind, nip),
         **_kto_weights(kind, hyper),
     )
+
+
+def _prompt_gradients(kind: str, nip: dict) -> bool:
+    """Whether the prompt trains; only a DPO pair's prompt, shared by its two answers, can run
+    without gradients, and only where activations are kept (checkpointing runs it whole)."""
+    prompt_gradients = _bool(nip.get("prompt_gradients", True), "prompt_gradients")
+    if prompt_gradients:
+        return True
+    if kind != "dpo":
+        raise OptionsError(
+            f"prompt_gradients false needs DPO's shared prompts; method is {kind}",
+            "prompt_gradients",
+        )
+    if nip.get("activation_checkpointing"):
+        raise OptionsError(
+            "prompt_gradients false cannot run with activation_checkpointing, which runs every "
+            "prompt whole",
+            "prompt_gradients",
+        )
+    return False
 
 
 def _stop_at_pair_accuracy(kind: str, value: Any) -> float | None:

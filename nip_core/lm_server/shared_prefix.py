@@ -9,10 +9,17 @@ keys and values be handed to both answers, and every hidden state (and gradient:
 activations receive both rows' gradients, as the duplicated rows' would sum them) is the same
 as the duplicated batch's up to float rounding. The backbone of the model is patched, below
 TRL's fused LM head, so TRL's loss, metrics and reference log-probabilities are untouched.
+
+With `prompt_gradients` off the prompt runs once without gradients: its keys and values enter
+the answers' attention as constants, so a step trains only how the answers read the prompt. The
+prompt's backward pass, most of a step's work for the verifier's ~450-token prompts and ~15-token
+answers, is gone; the answers still see the prompt as the adapter in training encodes it. The last shared position stays in the graph:
+it predicts the first token where the two answers differ, the one token DPO's loss turns on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -68,21 +75,25 @@ def declared_cache_keyword(backbone: torch.nn.Module) -> str | None:
     return next((name for name in ("cache", "past_key_values") if name in parameters), None)
 
 
-def _forward_sharing_prefix(original, input_ids, attention_mask, shared: int, kwargs, keyword):
-    """The backbone's output for the whole batch, its first `shared` positions run once; None
-    where the second call did not extend the prompt's cache (it ran without the prompt)."""
+def _forward_sharing_prefix(
+    original, input_ids, attention_mask, shared: int, kwargs, keyword, frozen: bool = False
+):
+    """The backbone's output for the whole batch, its first `shared` positions run once (without
+    gradients where `frozen`); None where the second call did not extend the prompt's cache (it
+    ran without the prompt)."""
     import torch
 
     half = input_ids.shape[0] // 2
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     # Given here for each call; `_can_share` let through only None for the cache keys.
     kwargs = {k: v for k, v in kwargs.items() if k not in ("use_cache", "cache", "past_key_values")}
-    prefix = original(
-        input_ids=input_ids[:half, :shared],
-        attention_mask=mask[:half, :shared],
-        use_cache=True,
-        **kwargs,
-    )
+    with torch.no_grad() if frozen else contextlib.nullcontext():
+        prefix = original(
+            input_ids=input_ids[:half, :shared],
+            attention_mask=mask[:half, :shared],
+            use_cache=True,
+            **kwargs,
+        )
     cache = prefix.cache if hasattr(prefix, "cache") else getattr(prefix, "past_key_values", None)
     if cache is None or cache.get_seq_length() != shared:
         return None
@@ -102,11 +113,11 @@ def _forward_sharing_prefix(original, input_ids, attention_mask, shared: int, kw
     return type(rest)(last_hidden_state=hidden)
 
 
-def share_pair_prefixes(backbone: torch.nn.Module) -> bool:
+def share_pair_prefixes(backbone: torch.nn.Module, *, prompt_gradients: bool = True) -> bool:
     """Patch `backbone` (the transformer under the LM head) so that a batch whose halves share
-    a prompt runs it once. Other calls go through unchanged. Returns False where it already is.
-    A backbone that cannot take the prompt's cache runs every batch unshared (one warning):
-    slower, never different.
+    a prompt runs it once, without gradients unless `prompt_gradients`. Other calls go through
+    unchanged. Returns False where it already is. A backbone that cannot take the prompt's cache
+    runs every batch unshared (one warning): slower, and with its prompt in the graph.
     """
     if getattr(backbone.forward, "shares_pair_prefixes", False):
         return False
@@ -117,9 +128,10 @@ def share_pair_prefixes(backbone: torch.nn.Module) -> bool:
         nonlocal keyword
         keyword = None
         log.warning(
-            "%s: %s; DPO pairs run their prompt twice from now on",
+            "%s: %s; DPO pairs run their prompt twice from now on%s",
             type(backbone).__name__,
             reason,
+            "" if prompt_gradients else ", gradients and all",
         )
 
     if keyword is None:
@@ -127,11 +139,17 @@ def share_pair_prefixes(backbone: torch.nn.Module) -> bool:
 
     @functools.wraps(original)
     def forward(input_ids=None, attention_mask=None, **kwargs):
+        import torch
+
         if keyword is not None and _can_share(backbone, input_ids, kwargs):
             shared = shared_prefix_length(input_ids, attention_mask)
+            frozen = not prompt_gradients and torch.is_grad_enabled()
+            # Frozen, the last shared position runs with the answers: it predicts their first
+            # differing token.
+            shared -= int(frozen)
             if shared >= MIN_SHARED_TOKENS:
                 output = _forward_sharing_prefix(
-                    original, input_ids, attention_mask, shared, kwargs, keyword
+                    original, input_ids, attention_mask, shared, kwargs, keyword, frozen
                 )
                 if output is not None:
                     return output

@@ -276,6 +276,8 @@ def checkpoints_activations(options: TrainingOptions, tokenizer, rows: list[dict
     machine with memory to spare trains faster with `activation_checkpointing` false."""
     if options.activation_checkpointing is not None:
         return options.activation_checkpointing
+    if not options.prompt_gradients:  # the prompt keeps no activations: the answers' are few
+        return False
     return has_cuda() or batch_tokens(tokenizer, rows, options) > CPU_CHECKPOINTING_TOKENS
 
 
@@ -339,7 +341,7 @@ def build_trainer(options, model, tokenizer, rows, output_dir, peft_config=None,
         return_freed_memory()  # the memory-bound path: the heap must not keep freed steps
     if options.method == "dpo" and SHARE_PAIR_PROMPTS:
         # Before the trainer is built: it computes the reference's log-probabilities there.
-        share_pair_prefixes(transformer_backbone(model))
+        share_pair_prefixes(transformer_backbone(model), prompt_gradients=options.prompt_gradients)
     if trainer_cls is SFTTrainer:
         # As the OpenAI API trains: the assistant's turns only, not the prompt they answer.
         rows = assistant_only_rows(tokenizer, rows)

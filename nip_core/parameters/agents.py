@@ -144,6 +144,12 @@ class PureTextAgentParameters(AgentParameters):
     """Self-hosted DPO: end a job after the first epoch whose pairs it ranks right at this mean
     rate (TRL's `rewards/accuracies` over the epoch), short of `num_epochs`, which stays the most
     it trains; None runs every epoch. Supervised and KTO jobs train every epoch (ours)."""
+    training_prompt_gradients: bool = True
+    """Self-hosted DPO: False runs each pair's prompt once without gradients, its keys and
+    values constants that the answers attend to, so a step trains only the answers' positions
+    and skips the prompt's backward pass (`bench/dpo_step.py --compare-prompt-gradients`). Needs
+    activations kept (`training_activation_checkpointing` not true). Supervised and KTO jobs
+    train as before (ours)."""
 
     @classmethod
     def construct_test_params(cls) -> Self:

@@ -119,6 +119,11 @@ def _agent_rules(p: Any) -> None:
     stop_at = p.training_stop_at_pair_accuracy
     if stop_at is not None:
         _in_range(name, "training_stop_at_pair_accuracy", stop_at, 0.0, 1.0, open_low=True)
+    _require(
+        p.training_prompt_gradients or not p.training_activation_checkpointing,
+        f"{name}: training_prompt_gradients false cannot run with "
+        "training_activation_checkpointing true, which runs every prompt whole",
+    )
     if p.max_tokens_per_message is not None:
         _require(p.max_tokens_per_message >= 1, f"{name}.max_tokens_per_message: must be >= 1")
     timeout = p.request_timeout_seconds

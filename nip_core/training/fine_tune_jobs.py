@@ -97,6 +97,8 @@ def lora_training_options(
     stop_at = params.training_stop_at_pair_accuracy
     if stop_at is not None and method == "dpo":  # only DPO logs pair accuracies
         options["stop_at_pair_accuracy"] = stop_at
+    if not params.training_prompt_gradients and method == "dpo":  # only DPO pairs share one
+        options["prompt_gradients"] = False
     return options
 
 
