@@ -5,8 +5,8 @@ learning_rate_multiplier; type "supervised" or "dpo", or our "kto", whose hyperp
 desirable_weight and undesirable_weight) and our extension `nip_training` (use_lora, lora_rank,
 lora_alpha, lora_dropout, lora_top_layers, stack_lora_adapters, quantization, learning_rate,
 seed, loss_type, rpo_alpha, gradient_accumulation_steps, shuffle, activation_checkpointing,
-stop_at_pair_accuracy, prompt_gradients) are merged into one frozen record that the training child receives as
-JSON. Bad values raise `OptionsError` naming the field.
+stop_at_pair_accuracy, prompt_gradients) are merged into one frozen record that the training
+child receives as JSON. Bad values raise `OptionsError` naming the field.
 """
 
 from __future__ import annotations

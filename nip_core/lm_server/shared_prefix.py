@@ -11,10 +11,11 @@ as the duplicated batch's up to float rounding. The backbone of the model is pat
 TRL's fused LM head, so TRL's loss, metrics and reference log-probabilities are untouched.
 
 With `prompt_gradients` off the prompt runs once without gradients: its keys and values enter
-the answers' attention as constants, so a step trains only how the answers read the prompt. The
-prompt's backward pass, most of a step's work for the verifier's ~450-token prompts and ~15-token
-answers, is gone; the answers still see the prompt as the adapter in training encodes it. The last shared position stays in the graph:
-it predicts the first token where the two answers differ, the one token DPO's loss turns on.
+the answers' attention as constants, so a step trains only how the answers read the prompt.
+The prompt's backward pass, most of a step's work for the verifier's ~450-token prompts and
+~15-token answers, is gone; the answers still see the prompt as the adapter in training encodes
+it. The last shared position stays in the graph: it predicts the first token where the two
+answers differ, the one token DPO's loss turns on.
 """
 
 from __future__ import annotations
