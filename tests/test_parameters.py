@@ -72,7 +72,8 @@ system_prompt_template_path use_supervisor_message supervisor_name max_response_
 max_tokens_per_message num_invalid_generation_retries request_timeout_seconds model_server_replicas
 dpo_loss_type
 dpo_rpo_alpha gradient_accumulation_steps shuffle_training_data lora_top_layers
-training_activation_checkpointing training_stop_at_pair_accuracy""".split()
+training_activation_checkpointing training_stop_at_pair_accuracy
+training_prompt_gradients""".split()
 
 
 def test_agent_fields_follow_the_seed_page_order_and_defaults():

@@ -83,6 +83,8 @@ def agents(draw) -> PureTextAgentParameters:
     else:
         kwargs["lora_alpha"], kwargs["lora_alpha_scale"] = None, draw(UNIT)
     kwargs["lora_dropout"] = draw(st.floats(0.0, 0.99))
+    if kwargs["training_activation_checkpointing"]:  # it runs every prompt whole
+        kwargs["training_prompt_gradients"] = True
     return PureTextAgentParameters(**kwargs)
 
 
