@@ -203,24 +203,24 @@ def test_a_frozen_prompt_gives_the_same_log_probs_and_trains_through_the_answers
         backbone.forward = lambda _o=original, _c=calls, **kw: (
             _c.append(kw["input_ids"].shape) or _o(**kw)
         )
-        embedded = _recording_first_layer(backbone)
+        states = _recording_first_layer(backbone)
         assert shared_prefix.share_pair_prefixes(backbone, prompt_gradients=prompt_gradients)
         runs[prompt_gradients] = (
             *_log_probs_and_lora_grads(model, ids, mask, labels),
             calls,
-            embedded,
+            states,
         )
 
-    trained, trained_grads, trained_calls, trained_embedded = runs[True]
-    frozen, grads, calls, embedded = runs[False]
+    trained, trained_grads, trained_calls, trained_states = runs[True]
+    frozen, grads, calls, states = runs[False]
     assert trained_calls == [(2, 20), (4, ids.shape[1] - 20)]
-    assert trained_embedded[0].grad.abs().sum(dim=-1).gt(0).all()  # the prompt trains
+    assert trained_states[0].grad.abs().sum(dim=-1).gt(0).all()  # the prompt trains
     # Frozen, the prompts' 20th shared token runs with the answers: it predicts their first.
     assert calls == [(2, 19), (4, ids.shape[1] - 19)]
     assert torch.allclose(frozen, expected, atol=1e-5)
     assert torch.allclose(trained, expected, atol=1e-5)
-    assert not embedded[0].requires_grad  # no gradient reaches the 19 frozen positions
-    assert embedded[1].grad[:, 0].abs().sum(dim=-1).gt(0).all()  # the 20th is in the graph
+    assert not states[0].requires_grad  # no gradient reaches the 19 frozen positions
+    assert states[1].grad[:, 0].abs().sum(dim=-1).gt(0).all()  # the 20th is in the graph
     lora = [name for name in grads if "lora_" in name]
     assert len(lora) == len([n for n in trained_grads if "lora_" in n]) > 0
     assert all(grads[name].abs().sum() > 0 for name in lora)  # every layer trains on the answers
