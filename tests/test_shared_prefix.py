@@ -16,6 +16,8 @@ from nip_core.lm_server.options import TrainingOptions
 from tests.tiny_model import build_tiny_model
 
 torch = pytest.importorskip("torch")
+# The unpatched function: each recording patch wraps this, not a patch an earlier call left.
+FORWARD_SHARING_PREFIX = shared_prefix._forward_sharing_prefix
 
 
 @pytest.fixture(scope="module")
@@ -233,11 +235,10 @@ def _train_log(
     """The trainer's loss log and (shared positions, frozen) of each shared call."""
     monkeypatch.setattr(training, "SHARE_PAIR_PROMPTS", share)
     shared_calls = []
-    run_shared = shared_prefix._forward_sharing_prefix
     monkeypatch.setattr(
         shared_prefix,
         "_forward_sharing_prefix",
-        lambda *args: shared_calls.append((args[3], args[6])) or run_shared(*args),
+        lambda *args: shared_calls.append((args[3], args[6])) or FORWARD_SHARING_PREFIX(*args),
     )
     torch.manual_seed(0)
     options = TrainingOptions(
@@ -266,8 +267,7 @@ def _train_log(
     assert getattr(backbone.forward, "shares_pair_prefixes", False) is share
     assert not trainer.args.gradient_checkpointing
     trainer.train()
-    # A copy: a later call's patch wraps this one's, which would append its calls here too.
-    return [entry for entry in trainer.state.log_history if "loss" in entry], list(shared_calls)
+    return [entry for entry in trainer.state.log_history if "loss" in entry], shared_calls
 
 
 def test_dpo_trainer_trains_the_same_with_the_prompt_shared(tiny_model_dir, tmp_path, monkeypatch):
