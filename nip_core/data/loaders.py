@@ -27,6 +27,11 @@ import pandas as pd
 
 from nip_core.data.buggy_apps import process_buggy_apps, read_hub_split
 from nip_core.data.difficulty import DEFAULT_DIFFICULTY, OPTION, check_difficulty
+from nip_core.data.docstrings import (
+    DEFAULT_SOLUTION_DOCSTRING,
+    check_solution_docstring,
+    without_repeated_docstrings,
+)
 from nip_core.data.parquet import read_parquet_frame
 from nip_core.data.stable import stable_seed
 from nip_core.episode import Datapoint
@@ -52,6 +57,7 @@ def load_dataset(
     difficulty: str = "interview",
     exclude_flagged: bool = True,
     bug_difficulty: str = DEFAULT_DIFFICULTY,
+    solution_docstring: str = DEFAULT_SOLUTION_DOCSTRING,
 ) -> pd.DataFrame:
     """One split of a named dataset, with at least the columns id, question, solution, y,
     prover_stance.
@@ -70,6 +76,9 @@ def load_dataset(
         bug_difficulty: How visible humaneval-buggy's bugs are (`dataset_options.difficulty`):
             "mixed" (the original rows), "easy", "medium" or "hard". Other datasets accept only
             "mixed".
+        solution_docstring: "kept" shows each solution as it is; "dropped" removes the
+            docstrings it repeats from its question (`dataset_options.solution_docstring`, see
+            `nip_core.data.docstrings`).
 
     Returns:
         A DataFrame with a fresh RangeIndex.
@@ -79,6 +88,7 @@ def load_dataset(
     if max_size is not None and (not isinstance(max_size, int) or max_size < 0):
         raise ValueError(f"max_size must be a non-negative int or None, got {max_size!r}")
     check_difficulty(bug_difficulty)
+    check_solution_docstring(solution_docstring)
     canonical = _ALIASES.get(name, name)
     if canonical in ("buggy-apps", "test") and bug_difficulty != DEFAULT_DIFFICULTY:
         raise ValueError(
@@ -93,7 +103,18 @@ def load_dataset(
         frame = synthetic_test_split(split, seed)
     else:
         raise ValueError(f"unknown dataset {name!r}; known datasets: {DATASET_NAMES}")
-    return reduced(frame, max_size, shuffle_seed)
+    frame = reduced(frame, max_size, shuffle_seed)
+    if solution_docstring == "dropped":
+        frame = frame.assign(solution=solution_without_repeats(frame))
+    return frame
+
+
+def solution_without_repeats(frame: pd.DataFrame) -> list[str]:
+    """Each row's solution without the docstrings its question repeats."""
+    return [
+        without_repeated_docstrings(str(question), str(solution))
+        for question, solution in zip(frame["question"], frame["solution"], strict=True)
+    ]
 
 
 def load_for_parameters(
@@ -105,7 +126,7 @@ def load_for_parameters(
     seed: int = 0,
 ) -> pd.DataFrame:
     """`load_dataset` driven by DatasetParameters-like `options` (max_train_size, max_test_size,
-    reduce_shuffle_seed, local_path, difficulty) and CodeValidationParameters-like
+    reduce_shuffle_seed, local_path, difficulty, solution_docstring) and CodeValidationParameters-like
     `code_validation` (apps_difficulty, apps_exclude_flagged); None means the defaults."""
     size_field = "max_train_size" if split == "train" else "max_test_size"
     return load_dataset(
@@ -118,6 +139,7 @@ def load_for_parameters(
         difficulty=getattr(code_validation, "apps_difficulty", "interview"),
         exclude_flagged=getattr(code_validation, "apps_exclude_flagged", True),
         bug_difficulty=getattr(options, "difficulty", DEFAULT_DIFFICULTY),
+        solution_docstring=getattr(options, "solution_docstring", DEFAULT_SOLUTION_DOCSTRING),
     )
 
 

@@ -29,7 +29,9 @@ class DatasetParameters(BaseParameters):
     original dataset, unchanged), "easy" (body replaced by a stub such as `return None`),
     "medium" (a swapped operator, inverted comparison or dropped statement) or "hard" (off by
     one, changed literal, relaxed comparison, swapped arguments); other datasets take only
-    "mixed". See docs/data_difficulty.md.
+    "mixed". See docs/data_difficulty.md. `solution_docstring: dropped` shows each solution
+    without the docstrings it repeats from its question (a shorter prompt: a quarter to a third
+    of humaneval-buggy's solution text), "kept" (the default) as it is.
     """
 
     max_train_size: int | None = None
@@ -37,3 +39,4 @@ class DatasetParameters(BaseParameters):
     reduce_shuffle_seed: int = 42
     local_path: str | None = None
     difficulty: Literal["mixed", "easy", "medium", "hard"] = "mixed"
+    solution_docstring: Literal["kept", "dropped"] = "kept"
