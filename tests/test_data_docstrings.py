@@ -54,6 +54,21 @@ def test_a_docstring_sharing_its_line_with_code_stays() -> None:
     assert without_repeated_docstrings(question, solution) == solution
 
 
+def test_a_body_of_repeated_strings_only_stays() -> None:
+    question = 'def two():\n    """Two."""\n    "Really two."\n'
+    assert without_repeated_docstrings(question, question) == question
+
+
+def test_code_after_a_docstring_with_wide_characters_is_seen() -> None:
+    # ast counts columns in UTF-8 bytes: each "é" is two, so counting characters would read
+    # past "; f()" and take the line for the docstring's alone.
+    question = 'def name():\n    """ééééé"""\n'
+    solution = 'def name():\n    """ééééé"""; f()\n    return 1\n'
+    assert without_repeated_docstrings(question, solution) == solution
+    plain = 'def name():\n    """ééééé"""\n    return 1\n'
+    assert without_repeated_docstrings(question, plain) == "def name():\n    return 1\n"
+
+
 def test_a_repeated_string_after_an_import_goes_too() -> None:
     question = 'def ceil_all(xs):\n    """Round every value up."""\n'
     solution = (

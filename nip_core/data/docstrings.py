@@ -25,8 +25,8 @@ def repeated_docstring_lines(question: str, solution: str) -> set[int]:
     """The 0-based lines of `solution` taken by docstrings that `question` repeats.
 
     A docstring here is a bare string statement in a function's body (usually its first; in
-    HumanEval/115 it follows an import). It counts only if it fills its own lines and its
-    function keeps another statement; source that does not parse has none.
+    HumanEval/115 it follows an import). It counts only if it fills its own lines, and only
+    while its function keeps another statement; source that does not parse has none.
     """
     try:
         tree = ast.parse(solution)
@@ -35,12 +35,17 @@ def repeated_docstring_lines(question: str, solution: str) -> set[int]:
     lines = solution.splitlines()
     dropped: set[int] = set()
     for node in ast.walk(tree):
-        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or len(node.body) < 2:
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
-        for statement in node.body:
-            if owns_repeated_lines(statement, question, solution, lines):
-                start, end = statement.lineno - 1, statement.end_lineno - 1  # type: ignore[operator]
-                dropped.update(range(start, end + 1))
+        repeated = [
+            statement
+            for statement in node.body
+            if owns_repeated_lines(statement, question, solution, lines)
+        ]
+        if len(repeated) == len(node.body):
+            continue  # the function would be left without a body
+        for statement in repeated:
+            dropped.update(range(statement.lineno - 1, statement.end_lineno or statement.lineno))
     return dropped
 
 
@@ -53,12 +58,12 @@ def owns_repeated_lines(
     if not isinstance(statement.value.value, str) or statement.end_lineno is None:
         return False
     segment = ast.get_source_segment(solution, statement)
-    if not segment or segment not in question:
+    if not segment or segment not in question or statement.end_col_offset is None:
         return False
-    start, end = statement.lineno - 1, statement.end_lineno - 1
-    before = lines[start][: statement.col_offset]
-    after = lines[end][statement.end_col_offset :]  # type: ignore[misc]
-    return before.strip() == "" and after.strip() == ""
+    # ast's column offsets count UTF-8 bytes, not characters.
+    before = lines[statement.lineno - 1].encode()[: statement.col_offset]
+    after = lines[statement.end_lineno - 1].encode()[statement.end_col_offset :]
+    return before.strip() == b"" and after.strip() == b""
 
 
 def without_repeated_docstrings(question: str, solution: str) -> str:
