@@ -69,6 +69,15 @@ def test_code_after_a_docstring_with_wide_characters_is_seen() -> None:
     assert without_repeated_docstrings(question, plain) == "def name():\n    return 1\n"
 
 
+def test_lines_are_counted_as_the_parser_counts_them() -> None:
+    # A form feed inside a string literal is no line break to Python (str.splitlines splits).
+    question = 'def ff():\n    """Feed."""\n'
+    solution = 'def ff():\n    s = "a\x0cb"\n    """Feed."""\n    return s\n'
+    assert without_repeated_docstrings(question, solution) == (
+        'def ff():\n    s = "a\x0cb"\n    return s\n'
+    )
+
+
 def test_a_repeated_string_after_an_import_goes_too() -> None:
     question = 'def ceil_all(xs):\n    """Round every value up."""\n'
     solution = (

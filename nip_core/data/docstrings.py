@@ -10,6 +10,7 @@ every other line stay as they were, so the code still parses and runs.
 from __future__ import annotations
 
 import ast
+import re
 
 SOLUTION_DOCSTRING_CHOICES: tuple[str, ...] = ("kept", "dropped")
 DEFAULT_SOLUTION_DOCSTRING = "kept"
@@ -19,6 +20,12 @@ OPTION = "dataset_options.solution_docstring"
 def check_solution_docstring(choice: str) -> None:
     if choice not in SOLUTION_DOCSTRING_CHOICES:
         raise ValueError(f"{OPTION} must be one of {SOLUTION_DOCSTRING_CHOICES}, got {choice!r}")
+
+
+def source_lines(source: str) -> list[str]:
+    """`source`'s lines with their endings, split where Python's parser splits them (str's
+    `splitlines` also splits at form feeds and other separators inside a line)."""
+    return re.findall(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$", source)
 
 
 def repeated_docstring_lines(question: str, solution: str) -> set[int]:
@@ -32,7 +39,7 @@ def repeated_docstring_lines(question: str, solution: str) -> set[int]:
         tree = ast.parse(solution)
     except SyntaxError:
         return set()
-    lines = solution.splitlines()
+    lines = source_lines(solution)
     dropped: set[int] = set()
     for node in ast.walk(tree):
         if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -71,9 +78,5 @@ def without_repeated_docstrings(question: str, solution: str) -> str:
     dropped = repeated_docstring_lines(question, solution)
     if not dropped:
         return solution
-    kept = [
-        line
-        for number, line in enumerate(solution.splitlines(keepends=True))
-        if number not in dropped
-    ]
+    kept = [line for number, line in enumerate(source_lines(solution)) if number not in dropped]
     return "".join(kept)

@@ -103,18 +103,19 @@ def load_dataset(
         frame = synthetic_test_split(split, seed)
     else:
         raise ValueError(f"unknown dataset {name!r}; known datasets: {DATASET_NAMES}")
-    frame = reduced(frame, max_size, shuffle_seed)
-    if solution_docstring == "dropped":
-        frame = frame.assign(solution=solution_without_repeats(frame))
-    return frame
+    return shown_solutions(reduced(frame, max_size, shuffle_seed), solution_docstring)
 
 
-def solution_without_repeats(frame: pd.DataFrame) -> list[str]:
-    """Each row's solution without the docstrings its question repeats."""
-    return [
+def shown_solutions(frame: pd.DataFrame, solution_docstring: str) -> pd.DataFrame:
+    """The rows with each solution as `solution_docstring` shows it: "kept" as it is, "dropped"
+    without the docstrings its question repeats."""
+    if solution_docstring == "kept":
+        return frame
+    shown = [
         without_repeated_docstrings(str(question), str(solution))
         for question, solution in zip(frame["question"], frame["solution"], strict=True)
     ]
+    return frame.assign(solution=shown)
 
 
 def load_for_parameters(
