@@ -30,8 +30,8 @@ class DatasetParameters(BaseParameters):
     "medium" (a swapped operator, inverted comparison or dropped statement) or "hard" (off by
     one, changed literal, relaxed comparison, swapped arguments); other datasets take only
     "mixed". See docs/data_difficulty.md. `solution_docstring: dropped` shows each solution
-    without the docstrings it repeats from its question (a shorter prompt: a quarter to a third
-    of humaneval-buggy's solution text), "kept" (the default) as it is.
+    without the docstrings it repeats from its question (a shorter prompt: about two thirds of
+    humaneval-buggy's solution text goes), "kept" (the default) as it is.
     """
 
     max_train_size: int | None = None
