@@ -127,8 +127,9 @@ def load_for_parameters(
     seed: int = 0,
 ) -> pd.DataFrame:
     """`load_dataset` driven by DatasetParameters-like `options` (max_train_size, max_test_size,
-    reduce_shuffle_seed, local_path, difficulty, solution_docstring) and CodeValidationParameters-like
-    `code_validation` (apps_difficulty, apps_exclude_flagged); None means the defaults."""
+    reduce_shuffle_seed, local_path, difficulty, solution_docstring) and
+    CodeValidationParameters-like `code_validation` (apps_difficulty, apps_exclude_flagged); None
+    means the defaults."""
     size_field = "max_train_size" if split == "train" else "max_test_size"
     return load_dataset(
         name,
