@@ -92,6 +92,8 @@ def server_options(context: IterationContext, engine: str) -> list[str]:
         options += ["--vllm-max-model-len", str(server.vllm_max_model_len)]
     if server.vllm_enforce_eager:
         options += ["--vllm-enforce-eager"]
+    if server.vllm_serve_during_training:
+        options += ["--vllm-serve-during-training"]
     return options
 
 

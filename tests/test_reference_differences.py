@@ -89,6 +89,7 @@ def test_gpu_settings_reach_the_vllm_and_training_command_lines(tmp_path, monkey
             "server.vllm_gpu_memory_utilization=0.7",
             "server.vllm_max_model_len=8192",
             "server.vllm_enforce_eager=true",
+            "server.vllm_serve_during_training=true",
             "agents._default.lora_rank=32",
             "server.training_num_processes=8",
             "server.training_deepspeed_config=zero2.json",
@@ -102,6 +103,7 @@ def test_gpu_settings_reach_the_vllm_and_training_command_lines(tmp_path, monkey
     assert pairs["--gpu-memory-utilization"] == "0.7" and pairs["--max-model-len"] == "8192"
     assert pairs["--max-lora-rank"] == "32" and pairs["--port"] == "8000"
     assert "--enforce-eager" in argv
+    assert server_args.vllm_serve_during_training
     command = training_command(
         P("/jobs/j1"), server_args.train_processes, server_args.train_deepspeed_config
     )

@@ -248,6 +248,28 @@ def test_training_stops_every_process_and_none_starts_until_it_ends(cpu_engine, 
     run(engine, scenario)
 
 
+def test_serving_during_training_keeps_the_process_and_swaps_the_new_weights_in(
+    cpu_engine, tmp_path
+):
+    engine = cpu_engine(serve_during_training=True)
+    adapter = make_adapter(tmp_path, "ad1")
+
+    async def scenario() -> None:
+        await engine.start()
+        [launch] = records(tmp_path, "launch")
+        await engine.release_accelerator()  # a job starts training
+        assert alive(launch["pid"]) and engine.status() == "online"
+        [during] = await engine.chat(chat("base-model"))
+        await engine.reacquire_accelerator()  # the job ended
+        await engine.load_adapter("v-it1", str(adapter))
+        [after] = await engine.chat(chat("v-it1"))
+        assert (during.text, after.text) == ("base-model#0", f"{label('v-it1', adapter)}#0")
+        assert len(records(tmp_path, "launch")) == 1  # no restart: the weights came in place
+        assert len(posts(tmp_path, "/collective_rpc")) == 1
+
+    run(engine, scenario)
+
+
 def test_a_crashed_process_is_reported_once_then_restarted(cpu_engine, tmp_path):
     engine = cpu_engine()
 
@@ -343,7 +365,7 @@ def test_server_flags_reach_the_engine(tmp_path) -> None:
         ["--engine", "vllm", "--vllm-port", "8190", "--vllm-device", "cpu"]
         + ["--vllm-max-running", "2", "--vllm-switch", "restart", "--vllm-cpu-kv-cache-mib", "256"]
         + ["--vllm-cpu-dtype", "float32", "--vllm-cpu-max-num-seqs", "48"]
-        + ["--vllm-cpu-block-size", "64"]
+        + ["--vllm-cpu-block-size", "64", "--vllm-serve-during-training"]
     )
     engine = VllmEngine("m", **vllm_options(args), **vllm_engine_options(args, tmp_path))
     assert (engine.lora_mode, engine.max_running, engine.config.weight_reload) == (
@@ -352,7 +374,7 @@ def test_server_flags_reach_the_engine(tmp_path) -> None:
         False,
     )
     assert engine.config.cpu_kv_cache_bytes == 256 * 2**20 and engine.config.port == 8190
-    assert engine.config.cpu_dtype == "float32"
+    assert engine.config.cpu_dtype == "float32" and engine.serve_during_training
     argv = vllm_command(engine.config)
     assert argv[argv.index("--max-num-seqs") + 1] == "48"
     assert argv[argv.index("--block-size") + 1] == "64"
@@ -362,6 +384,7 @@ def test_server_flags_reach_the_engine(tmp_path) -> None:
     default = _parse(["--engine", "vllm", "--vllm-device", "cpu"])
     engine = VllmEngine("m", **vllm_options(default), **vllm_engine_options(default, tmp_path))
     assert (engine.max_running, engine.config.weight_reload) == (1, True)
+    assert not engine.serve_during_training  # stopped for each job unless asked
     assert engine.config.cpu_max_num_seqs == 64
     argv = vllm_command(engine.config)
     assert argv[argv.index("--block-size") + 1] == "32"  # ours, not vLLM's 128

