@@ -17,6 +17,13 @@ starts, validating the file, loading the model and building the trainer, up to t
 step, the steps, saving. After the job: the first answer from the fine-tuned model (its adapter
 loaded by the engine) and 16 answers at once (what the switch guard asks). The last line is
 `ratio train_steps/job_wall: <x>` (the trainer's own `train_runtime` over created -> finished).
+
+    python bench/dpo_job_phases.py --pairs 8 --epochs 2 --compare-serve-during-training
+
+runs the job twice on a vLLM-served server (`.venv-vllm`), vLLM answering one chat before each
+job as rollouts would: stopped while the job trains (the default), then kept up beside it
+(`--vllm-serve-during-training`), and ends with `ratio serving/stopped: <x>`, the time from
+creating the job to the fine-tuned model's first answer, kept up over stopped.
 """
 
 from __future__ import annotations
@@ -124,22 +131,22 @@ def run_job(client, pairs: int, epochs: int) -> tuple[object, list[dict]]:
     return job, [e.model_dump() for e in events]
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=64)
-    parser.add_argument("--epochs", type=int, default=4)
-    args = parser.parse_args(argv)
+def serve_and_train(args: argparse.Namespace, engine: str, flags: list[str]) -> float:
+    """Start our server on `engine`, run the job, print its phases and the fine-tuned model's
+    first answers; the seconds from creating the job to that first answer."""
     import openai
 
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as state:
         env = dict(os.environ, PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false")
-        command = [sys.executable, "-m", "nip_core.lm_server", "--engine", "transformers"]
+        command = [sys.executable, "-m", "nip_core.lm_server", "--engine", engine, *flags]
         command += ["--port", str(port), "--vllm-port", str(_free_port()), "--state-dir", state]
         proc = subprocess.Popen(command, env=env)
         try:
             _wait_up(url, proc, 1800)
+            chats = [e["input"]["messages"] for e in verifier_pairs(16)]
+            asyncio.run(_send_all(url, chats[:1], 1, 8))  # the base model serving, as in rollouts
             client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
             job, events = run_job(client, args.pairs, args.epochs)
             if job.status != "succeeded":
@@ -148,13 +155,13 @@ def main(argv: list[str] | None = None) -> None:
                 (e["data"]["device"] for e in events if "device" in (e["data"] or {})), "?"
             )
             wall = job.finished_at - job.created_at
+            print(f"{engine} {' '.join(flags)}")
             print(f"DPO job on {device}: {args.pairs} pairs x {args.epochs} epochs, {wall} s")
             for name, seconds in phases(job.created_at, job.finished_at, events):
                 print(f"  {name:42s} {seconds:5d} s")
-            chats = [e["input"]["messages"] for e in verifier_pairs(16)]
-            started = time.perf_counter()
             asyncio.run(_send_all(url, chats[:1], 1, 8, job.fine_tuned_model))
-            print(f"first answer from the fine-tuned model: {time.perf_counter() - started:.1f} s")
+            to_first_answer = time.time() - job.created_at
+            print(f"job created -> first answer from the fine-tuned model: {to_first_answer:.1f} s")
             started = time.perf_counter()
             asyncio.run(_send_all(url, chats, 1, 32, job.fine_tuned_model))
             print(f"16 answers at once from it: {time.perf_counter() - started:.1f} s")
@@ -163,9 +170,25 @@ def main(argv: list[str] | None = None) -> None:
                 raise SystemExit("the job logged no train_runtime")
             print(f"trainer's train_runtime {runtime:.1f} s of the job's {wall} s")
             print(f"ratio train_steps/job_wall: {runtime / max(wall, 1):.2f}")
+            return to_first_answer
         finally:
             proc.terminate()
             proc.wait(timeout=120)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=64)
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--engine", choices=("transformers", "vllm"), default="transformers")
+    parser.add_argument("--compare-serve-during-training", action="store_true")
+    args = parser.parse_args(argv)
+    if not args.compare_serve_during_training:
+        serve_and_train(args, args.engine, [])
+        return
+    stopped = serve_and_train(args, "vllm", [])
+    serving = serve_and_train(args, "vllm", ["--vllm-serve-during-training"])
+    print(f"ratio serving/stopped: {serving / stopped:.2f}")
 
 
 if __name__ == "__main__":
