@@ -34,5 +34,5 @@ def test_cpu_experiments_differ_only_in_the_grade():
     configs = Path(__file__).resolve().parents[1] / "configs"
     mixed = yaml.safe_load((configs / "experiment-cpu.yaml").read_text())
     easy = yaml.safe_load((configs / "experiment-cpu-easy.yaml").read_text())
-    assert easy.pop("dataset_options") == {"difficulty": "easy"}
+    assert easy.pop("dataset_options") == {"difficulty": "easy", **mixed.pop("dataset_options")}
     assert easy == mixed

