@@ -317,6 +317,10 @@ def test_merge_options_are_validated() -> None:
         VllmEngine("m", lora_mode="sometimes")
     with pytest.raises(ValueError, match="max_running"):
         VllmEngine("m", max_running=0)
+    with pytest.raises(ValueError, match="merge_timeout must be > 0, got 0"):
+        VllmEngine("m", device="cpu", merge_timeout=0)
+    engine = VllmEngine("m", device="cpu", startup_timeout=9, request_timeout=7)
+    assert (engine.startup_timeout, engine.stop_grace, engine.request_timeout) == (9.0, 5.0, 7.0)
     assert VllmEngine("m", device="gpu").lora_mode == "runtime"
     assert VllmEngine("m", device="cpu").lora_mode == "merge"
     assert VllmEngine("m", device="cpu", lora_mode="runtime", max_running=3).max_running == 1

@@ -372,3 +372,11 @@ def adapter_rank(path: str | os.PathLike[str]) -> int:
     if not all(isinstance(r, int) and not isinstance(r, bool) and r > 0 for r in ranks):
         raise AdapterError(f"{config_file} must give a positive integer LoRA rank 'r'")
     return max(ranks)
+
+
+def checked_timeouts(**timeouts: float) -> dict[str, float]:
+    """Each timeout in seconds as a float; ValueError naming the first that is not > 0."""
+    for label, value in timeouts.items():
+        if not value > 0:
+            raise ValueError(f"{label} must be > 0, got {value!r}")
+    return {label: float(value) for label, value in timeouts.items()}

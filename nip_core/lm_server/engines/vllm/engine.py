@@ -31,6 +31,7 @@ from nip_core.lm_server.engines.vllm.config import (
     MiB,
     VllmServeConfig,
     adapter_rank,
+    checked_timeouts,
     default_device,
     default_launcher,
 )
@@ -158,17 +159,17 @@ class VllmEngine:
             raise ValueError(f"max_running must be an integer >= 1, got {max_running!r}")
         if stop_grace is None:  # vLLM on CPU took over 30 s to honour SIGTERM; it keeps nothing
             stop_grace = 5 if self.config.device == "cpu" else 30
-        timeouts = {"startup_timeout": startup_timeout, "stop_grace": stop_grace}
-        timeouts |= {"request_timeout": request_timeout, "merge_timeout": merge_timeout}
-        for label, value in timeouts.items():
-            if not value > 0:
-                raise ValueError(f"{label} must be > 0, got {value!r}")
+        timeouts = checked_timeouts(
+            startup_timeout=startup_timeout,
+            stop_grace=stop_grace,
+            request_timeout=request_timeout,
+            merge_timeout=merge_timeout,
+        )
+        self.merge_timeout = timeouts.pop("merge_timeout")  # the merge child's; the rest the pool's
+        self.startup_timeout, self.stop_grace = timeouts["startup_timeout"], timeouts["stop_grace"]
+        self.request_timeout = timeouts["request_timeout"]
         self.max_running = max_running if self.lora_mode == "merge" else 1
         self.serve_during_training = bool(serve_during_training)
-        self.startup_timeout = float(startup_timeout)
-        self.stop_grace = float(stop_grace)
-        self.request_timeout = float(request_timeout)
-        self.merge_timeout = float(merge_timeout)
         tmp = Path(tempfile.gettempdir())
         default_log = tmp / f"nip-vllm-{self.config.port}.log"
         self.log_path = Path(log_path) if log_path is not None else default_log
@@ -177,13 +178,15 @@ class VllmEngine:
         self._adapters: dict[str, str] = {}  # loaded (or to load on start): name -> path
         self._used_names: dict[str, str] = {}  # every name ever loaded -> its path
         self._checkpoints: dict[str, str] = {}  # merge mode: served name -> checkpoint folder
-        timeouts = {"startup_timeout": self.startup_timeout, "stop_grace": self.stop_grace}
-        timeouts["request_timeout"] = self.request_timeout
         on_demand = self.lora_mode == "merge"
         self._pool = InstancePool(
-            self.config.port, self.max_running, on_demand, self.log_path, timeouts,
+            self.config.port,
+            self.max_running,
+            on_demand,
+            self.log_path,
+            timeouts,
             reload=self.config.weight_reload,
-        )  # fmt: skip
+        )
         self._lock = asyncio.Lock()  # adapter changes, start and stop
         self._tokenizer: Any = None  # for usage counts: loaded on first use, False if none
 
