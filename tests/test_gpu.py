@@ -86,7 +86,9 @@ def test_lora_dpo_job_trains_on_the_gpu_and_is_switched_in(server):
     assert _seeded(client, done.fine_tuned_model) != _seeded(client, BASE)
     events = [e.message for e in client.fine_tuning.jobs.list_events(done.id, limit=100)]
     assert any(m.startswith("Step ") and "loss=" in m for m in events)
-    assert any(m.startswith("Training dpo") and m.endswith(" on cuda:0") for m in events)
+    assert any(
+        m.startswith("Training dpo") and " on cuda:0, frozen weights in bf16" in m for m in events
+    )
 
 
 def test_easy_experiment_two_seeds_on_one_gpu(prefect_harness, tmp_path):

@@ -73,7 +73,7 @@ max_tokens_per_message num_invalid_generation_retries request_timeout_seconds mo
 dpo_loss_type
 dpo_rpo_alpha gradient_accumulation_steps shuffle_training_data lora_top_layers
 training_activation_checkpointing training_stop_at_pair_accuracy
-training_prompt_gradients""".split()
+training_prompt_gradients training_precision""".split()
 
 
 def test_agent_fields_follow_the_seed_page_order_and_defaults():

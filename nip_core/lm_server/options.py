@@ -5,8 +5,8 @@ learning_rate_multiplier; type "supervised" or "dpo", or our "kto", whose hyperp
 desirable_weight and undesirable_weight) and our extension `nip_training` (use_lora, lora_rank,
 lora_alpha, lora_dropout, lora_top_layers, stack_lora_adapters, quantization, learning_rate,
 seed, loss_type, rpo_alpha, gradient_accumulation_steps, shuffle, activation_checkpointing,
-stop_at_pair_accuracy, prompt_gradients) are merged into one frozen record that the training
-child receives as JSON. Bad values raise `OptionsError` naming the field.
+stop_at_pair_accuracy, prompt_gradients, precision) are merged into one frozen record that the
+training child receives as JSON. Bad values raise `OptionsError` naming the field.
 """
 
 from __future__ import annotations
@@ -34,10 +34,15 @@ _NIP_FIELDS = (
     "activation_checkpointing",
     "stop_at_pair_accuracy",
     "prompt_gradients",
+    "precision",
 )
 
 
 QUANTIZATIONS = ("none", "bitsandbytes")
+# The frozen weights' type during training: "auto" picks bf16 where the hardware multiplies it
+# natively (a CUDA GPU that supports it, a CPU with AVX512_BF16 or AMX), else fp32 (fp16 on an
+# older GPU); LoRA weights and optimizer state stay fp32 (`precision.training_precision`).
+PRECISIONS = ("auto", "fp32", "bf16")
 
 
 class OptionsError(ValueError):
@@ -80,6 +85,7 @@ class TrainingOptions:
     # DPO: False runs each pair's shared prompt once without gradients, so only the answers'
     # positions train (`shared_prefix`); never with activation checkpointing, which shares nothing.
     prompt_gradients: bool = True
+    precision: str = "auto"  # one of PRECISIONS
     # KTO: the loss weights of desirable and undesirable answers; None: from the labels' counts,
     # so that both kinds weigh the same in all (`training.kto_weights`)
     desirable_weight: float | None = None
@@ -164,6 +170,9 @@ def parse_options(method: Any, nip_training: Any, seed: Any = None) -> TrainingO
             "batch",
             "batch_size",
         )
+    precision = nip.get("precision", "auto")
+    if precision not in PRECISIONS:
+        raise OptionsError(f"precision must be one of {PRECISIONS}, got {precision!r}", "precision")
     loss_type = nip.get("loss_type") or "sigmoid"
     if loss_type not in LOSS_TYPES:
         raise OptionsError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}", "loss_type")
@@ -192,6 +201,7 @@ def parse_options(method: Any, nip_training: Any, seed: Any = None) -> TrainingO
         ),
         stop_at_pair_accuracy=_stop_at_pair_accuracy(kind, nip.get("stop_at_pair_accuracy")),
         prompt_gradients=_prompt_gradients(kind, nip),
+        precision=precision,
         **_kto_weights(kind, hyper),
     )
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from nip_core.lm_server.datasets import DatasetError, parse_dataset
 from nip_core.lm_server.options import OptionsError, TrainingOptions
+from nip_core.lm_server.precision import training_precision
 from nip_core.lm_server.store import append_event, read_state_json, write_json_atomic
 
 
@@ -33,10 +34,28 @@ def _event_callback(job_dir: Path):
     from transformers import TrainerCallback
 
     class Events(TrainerCallback):
-        """Forward the trainer's log lines (loss, rewards, …) as job events."""
+        """Forward the trainer's log lines (loss, rewards, …) as job events, each step's with
+        its wall seconds (`step_seconds`: from the previous step's end, or the start of
+        training, to this one's), which `bench/dpo_roofline.py` divides the step's work by."""
+
+        def __init__(self) -> None:
+            self.mark: float | None = None
+            self.step_seconds: float | None = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.mark = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            now = time.perf_counter()
+            if self.mark is not None:
+                self.step_seconds = now - self.mark
+            self.mark = now
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             metrics = {k: v for k, v in (logs or {}).items() if isinstance(v, int | float)}
+            if self.step_seconds is not None and "train_runtime" not in metrics:
+                metrics["step_seconds"] = round(self.step_seconds, 4)
+                self.step_seconds = None
             shown = ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if "loss" in k)
             message = f"Step {state.global_step}/{state.max_steps}: {shown or 'logged'}"
             append_event(job_dir, message, data={"step": state.global_step, **metrics})
@@ -75,10 +94,12 @@ def _train(job_dir: Path, config: dict, options: TrainingOptions, rows: list[dic
         callbacks=callbacks,
     )
     device = str(trainer.args.device)  # where the steps run: "cpu", "cuda:0"
+    precision, why = training_precision(options)
     append_event(
         job_dir,
-        f"Training {options.method} ({strategy} adapter) on {len(rows)} examples on {device}",
-        data={"device": device},
+        f"Training {options.method} ({strategy} adapter) on {len(rows)} examples on {device}, "
+        f"frozen weights in {precision} ({why}; LoRA weights and optimizer state in fp32)",
+        data={"device": device, "precision": precision},
     )
     stats = dataset_stats.trainer_dataset_event(trainer, rows, options.method)
     if stats is not None:

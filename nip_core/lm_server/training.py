@@ -3,9 +3,9 @@
 It loads the model to train from (a base model, optionally with a previous adapter that is either
 re-used or merged and stacked), builds a TRL `DPOTrainer`, `KTOTrainer` or `SFTTrainer` (learning
 the assistant's turns only, as the OpenAI API does) with our precision policy, and saves the
-result. Precision by device: fp32 without gradient checkpointing on CPU (bf16 autocast is ~29x
-slower there), bf16 (fp16 if unsupported) on CUDA. torch, transformers, peft and trl are
-imported inside the functions so that importing this module stays cheap.
+result, in the precision `nip_core.lm_server.precision` picks for the machine. torch,
+transformers, peft and trl are imported inside the functions so that importing this module
+stays cheap.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from typing import Any
 
 from nip_core.lm_server.assistant_masks import assistant_only_rows
 from nip_core.lm_server.options import OptionsError, TrainingOptions
+from nip_core.lm_server.precision import (
+    has_cuda,
+    precision_args,
+    torch_dtype,
+    training_precision,
+)
 from nip_core.lm_server.shared_prefix import share_pair_prefixes, transformer_backbone
-
-
-def has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def check_runtime(options: TrainingOptions) -> None:
@@ -32,16 +32,6 @@ def check_runtime(options: TrainingOptions) -> None:
             "use quantization 'none'",
             "quantization",
         )
-
-
-def precision_args() -> dict[str, Any]:
-    """TrainingArguments fields for this device (see the module docstring for why)."""
-    if not has_cuda():
-        return {"bf16": False, "fp16": False, "use_cpu": True, "gradient_checkpointing": False}
-    import torch
-
-    bf16 = torch.cuda.is_bf16_supported()
-    return {"bf16": bf16, "fp16": not bf16, "gradient_checkpointing": True}
 
 
 def lora_config(options: TrainingOptions, model=None):
@@ -91,12 +81,9 @@ def linear_names(blocks) -> list[str]:
 
 
 def _load_base(path: str, options: TrainingOptions):
-    import torch
     from transformers import AutoModelForCausalLM
 
-    kwargs: dict[str, Any] = {"dtype": torch.float32}
-    if has_cuda():
-        kwargs["dtype"] = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    kwargs: dict[str, Any] = {"dtype": torch_dtype(training_precision(options)[0])}
     if options.quantization == "bitsandbytes":
         from transformers import BitsAndBytesConfig
 
@@ -166,7 +153,7 @@ def trainer_config(options: TrainingOptions, output_dir: str, **overrides: Any):
         "train_sampling_strategy": "random" if options.shuffle else "sequential",
         "dataloader_num_workers": 0,
         "disable_tqdm": True,
-        **precision_args(),
+        **precision_args(training_precision(options)[0]),
     }
     if options.method == "dpo":
         # TRL disables dropout so policy and reference agree; keep LoRA dropout when asked for.

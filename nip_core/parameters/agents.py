@@ -150,6 +150,11 @@ class PureTextAgentParameters(AgentParameters):
     and skips the prompt's backward pass (`bench/dpo_step.py --compare-prompt-gradients`). Needs
     activations kept (`training_activation_checkpointing` not true). Supervised and KTO jobs
     train as before (ours)."""
+    training_precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """Self-hosted training: the type of the frozen weights. "auto" takes bf16 where the
+    hardware multiplies it natively (a CUDA GPU that has it; a CPU listing AVX512_BF16 or AMX)
+    and fp32 elsewhere; LoRA weights and optimizer state are fp32 either way. The job's first
+    event names the choice (ours)."""
 
     @classmethod
     def construct_test_params(cls) -> Self:

