@@ -6,7 +6,8 @@ Each scoring is an evaluation on the first `text_rl.switch_guard_episodes` valid
 `guard-<label>.parquet`. All scorings share one call journal (`guard-calls-*.jsonl`): an
 interrupted guard replays its finished calls, and calls of agents whose model is unchanged are
 made once. With a self-hosted group and `text_rl.switch_guard_max_drift` set, the previous model
-then scores both models' replies (`/v1/chat/score`) to catch a wreck the reward misses. The
+then scores both models' replies (`/v1/chat/score`) to catch a wreck the reward misses, where
+the reward and verdict-share checks alone would let the new model in. The
 manifest stage `switch_guard` records both scores, the margin, the drift and the verdict with
 its reason per group; the pure rules live in `nip_core.training.switch_guard`.
 """
@@ -32,6 +33,7 @@ from nip_core.run.iteration_context import IterationContext, with_group_models
 from nip_core.run.iteration_files import GUARD_STEM, guard_file
 from nip_core.run.stages import record_models_after, run_stage
 from nip_core.training.switch_guard import (
+    SWITCHED,
     drift,
     group_score,
     guard_verdict,
@@ -119,19 +121,18 @@ def group_report(
     if max_share is not None and context.protocol.verifier_name in agents:
         share = verdict_share(decisions, labels, max_share)
     old, new = group_score(previous[0], agents), group_score(trial, agents)
+    margin = text_rl.switch_guard_margin
+    decided, reason = guard_verdict(old, new, margin, share=share, max_share=max_share)
     own, moved = None, None
-    if text_rl.switch_guard_max_drift is not None:
+    # The drift check scores every episode's reply twice under the previous model (a fifth of
+    # the default iteration's guard): asked only when the free checks would let the model in.
+    if text_rl.switch_guard_max_drift is not None and decided == SWITCHED:
         own, moved = reply_drift(context, group, previous[1], trial_replies)
     nats = drift(own, moved)
-    decided, reason = guard_verdict(
-        old,
-        new,
-        text_rl.switch_guard_margin,
-        nats,
-        text_rl.switch_guard_max_drift,
-        share,
-        max_share,
-    )
+    if nats is not None:
+        decided, reason = guard_verdict(
+            old, new, margin, nats, text_rl.switch_guard_max_drift, share, max_share
+        )
     return {
         "previous_model": context.group_models[group],
         "new_model": candidate,
