@@ -16,13 +16,18 @@ DECISION_NAMES: Final = {REJECT: "reject", ACCEPT: "accept"}
 
 @dataclass(frozen=True)
 class Datapoint:
-    """One code-validation item: is `solution` a correct answer to `question`?"""
+    """One code-validation item: is `solution` a correct answer to `question`?
+
+    In the pairwise protocol the verifier sees a second solution to the same question,
+    `other_solution`, shown after `solution`; exactly one of the two is correct and `y` says
+    whether it is the first (`nip_core.data.pairwise`)."""
 
     id: int
     question: str
     solution: str
     y: int
     prover_stance: int
+    other_solution: str | None = None
 
 
 @dataclass(frozen=True)

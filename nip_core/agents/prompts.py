@@ -111,6 +111,7 @@ def prompt_variables(
     return {
         "question": datapoint.question,
         "solution": datapoint.solution,
+        "other_solution": datapoint.other_solution or "",
         "max_response_words": agent_params.max_response_words,
         "max_questions": max(0, protocol.max_verifier_questions - 1),
         "num_rounds": protocol.max_message_rounds,

@@ -210,7 +210,19 @@ def datapoints(frame: pd.DataFrame) -> list[Datapoint]:
     if missing:
         raise ValueError(f"dataset frame lacks required columns {missing}")
     columns = [frame[column].tolist() for column in DATAPOINT_COLUMNS]
+    others = (
+        [None if pd.isna(o) else str(o) for o in frame["other_solution"]]
+        if "other_solution" in frame.columns
+        else [None] * len(frame)
+    )
     return [
-        Datapoint(id=int(i), question=str(q), solution=str(s), y=int(y), prover_stance=int(p))
-        for i, q, s, y, p in zip(*columns, strict=True)
+        Datapoint(
+            id=int(i),
+            question=str(q),
+            solution=str(s),
+            y=int(y),
+            prover_stance=int(p),
+            other_solution=o,
+        )
+        for i, q, s, y, p, o in zip(*columns, others, strict=True)
     ]

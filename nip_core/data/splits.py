@@ -1,5 +1,8 @@
 """Dataset splits as the stages see them: train, a validation split carved from it, test.
 
+For the pairwise protocol every split holds solution pairs (`nip_core.data.pairwise`), built
+before the validation cut and before the control's label shuffle.
+
 `text_rl.validation_fraction` of the train split's problems (all rows of a problem together, so
 a correct and a buggy solution of one problem never straddle the cut) is set aside, seeded by
 the run seed: the trainer never sees them, and evaluations on `validation` (hyper-parameter
@@ -12,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from nip_core.data import load_for_parameters
+from nip_core.data.pairwise import pairwise_frame, shows_pairs
 from nip_core.data.stable import stable_fraction, stable_seed
 
 SPLITS: tuple[str, ...] = ("test", "train", "validation")
@@ -42,6 +46,8 @@ def load_split(hp, split: str) -> pd.DataFrame:
         code_validation=hp.code_validation,
         seed=hp.seed,
     )
+    if shows_pairs(hp.interaction_protocol):  # before the cut: a question's pairs stay together
+        frame = pairwise_frame(frame)
     if split == "test":
         return frame
     fraction = hp.text_rl.validation_fraction

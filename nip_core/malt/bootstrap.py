@@ -58,6 +58,10 @@ METRICS: dict[str, Statistic] = {
     "balanced_accuracy": lambda s: (
         (_ratio(s[..., 5], s[..., 6]) + _ratio(s[..., 7], s[..., 8])) / 2
     ),
+    # Accuracy on the episodes of each label: on correct and on buggy code for a solo verifier;
+    # with the correct solution shown first and second in the pairwise protocol (position bias).
+    "accuracy_y1": lambda s: _ratio(s[..., 7], s[..., 8]),
+    "accuracy_y0": lambda s: _ratio(s[..., 5], s[..., 6]),
 }
 
 

@@ -41,7 +41,7 @@ class CommonProtocolParameters(BaseParameters, ProtocolRules):
 @register_parameter_class
 @dataclass(frozen=True)
 class NipProtocolParameters(BaseParameters):
-    """NIP family (nip, adp, merlin_arthur, solo_verifier): the verifier may decide from
+    """NIP family (nip, adp, merlin_arthur, solo_verifier, pairwise): the verifier may decide from
     round `min_message_rounds - 1` and must by round `max_message_rounds - 1`."""
 
     max_message_rounds: int = 8

@@ -1,4 +1,5 @@
-"""The six interaction protocols (nip, adp, debate, merlin_arthur, mnip, solo_verifier).
+"""The interaction protocols: nip's six (nip, adp, debate, merlin_arthur, mnip, solo_verifier)
+and our pairwise verifier (two solutions to one question: which is correct?).
 
 A protocol is a frozen `Protocol` record built by `make_protocol(hyper_params)`; everything it
 does is a pure function of (protocol, round, episode seed, decision):

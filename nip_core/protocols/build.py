@@ -159,6 +159,23 @@ def _solo_verifier(hp: Any) -> Protocol:
     )
 
 
+def _pairwise(hp: Any) -> Protocol:
+    """Pairwise: no experts; the verifier sees two solutions to one question, exactly one of
+    them correct, and in a single round accepts Solution A (the first) or rejects it for
+    Solution B (`nip_core.data.pairwise` shows every pair in both orders)."""
+    fields = rules_of(hp.protocol_common) | {"verifier_first": True}
+    return Protocol(
+        "pairwise",
+        (_verifier((MAIN_CHANNEL,)),),
+        (MAIN_CHANNEL,),
+        max_message_rounds=1,
+        min_message_rounds=1,
+        max_verifier_questions=0,
+        stance_randomisable=False,
+        **fields,
+    )
+
+
 _BUILDERS: dict[str, Callable[[Any], Protocol]] = {
     "nip": _nip,
     "adp": _adp,
@@ -166,6 +183,7 @@ _BUILDERS: dict[str, Callable[[Any], Protocol]] = {
     "merlin_arthur": _merlin_arthur,
     "mnip": _mnip,
     "solo_verifier": _solo_verifier,
+    "pairwise": _pairwise,
 }
 PROTOCOL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 

@@ -69,6 +69,12 @@ def verdicts_file(stem: str) -> str:
     return f"{stem}-verdicts.parquet"
 
 
+def likelihoods_file(stem: str) -> str:
+    """`<stem>-likelihoods.parquet`: the base model's log-likelihood of each shown solution of
+    the evaluated pairs (the pairwise protocol's likelihood baseline)."""
+    return f"{stem}-likelihoods.parquet"
+
+
 def steps_group(path: str) -> str:
     """The model group whose `fine_tune/<group>-steps.parquet` lies at `path`."""
     return path.rsplit("/", 1)[-1].removesuffix("-steps.parquet")

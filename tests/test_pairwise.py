@@ -1,0 +1,167 @@
+"""The pairwise protocol: two solutions to one question, both orders, which one is correct."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from flows.experiment import main as experiment_main
+from nip_core.agents import chat_messages
+from nip_core.data import datapoints
+from nip_core.data.pairwise import pair_id, pairwise_frame
+from nip_core.data.splits import load_split
+from nip_core.episode import ACCEPT, REJECT
+from nip_core.experiment.reference import LIKELIHOOD_ARM, REFERENCE_ARMS, likelihood_rows
+from nip_core.parameters import HyperParameters
+from nip_core.protocols import active_agents, make_protocol, step_outcome
+
+ROWS = pd.DataFrame(
+    {
+        "id": [100, 101, 200, 201, 202, 300],
+        "problem_id": ["p1", "p1", "p2", "p2", "p2", "p3"],
+        "question": ["Q1", "Q1", "Q2", "Q2", "Q2", "Q3"],
+        "solution": ["good1", "bad1", "good2", "bad2a", "bad2b", "lonely"],
+        "y": [1, 0, 1, 0, 0, 1],
+        "prover_stance": [1, 0, 1, 1, 0, 1],
+        "mutation": [None, "m1", None, "m2a", "m2b", None],
+    }
+)
+
+
+def hyper(**overrides) -> HyperParameters:
+    data = {
+        "scenario": "code_validation",
+        "trainer": "pure_text_malt",
+        "dataset": "humaneval-buggy",
+        "dataset_options": {"difficulty": "medium", "solution_docstring": "dropped"},
+        "interaction_protocol": "pairwise",
+        "seed": 5,
+        "agents": {"_default": {"use_dummy_api": True}},
+        "text_rl": {"validation_fraction": 0.2},
+    }
+    return HyperParameters.from_dict(data | overrides)
+
+
+def test_every_correct_buggy_pair_is_shown_in_both_orders():
+    pairs = pairwise_frame(ROWS)
+    # p1: one pair, p2: two (one per buggy row), p3: no buggy row, no pair; two orders each
+    assert len(pairs) == 6
+    first = pairs[pairs["y"] == 1]
+    second = pairs[pairs["y"] == 0]
+    assert set(first["solution"]) == {"good1", "good2"}
+    assert set(second["other_solution"]) == {"good1", "good2"}
+    assert set(second["solution"]) == {"bad1", "bad2a", "bad2b"}
+    assert pairs["id"].is_unique and pairs["id"].is_monotonic_increasing
+    assert pair_id(101, True) in set(pairs["id"]) and pair_id(101, False) in set(pairs["id"])
+    assert set(pairs.loc[pairs["problem_id"] == "p2", "mutation"]) == {"m2a", "m2b"}
+
+
+def test_a_question_with_two_correct_solutions_is_refused():
+    twice = pd.concat([ROWS, ROWS.iloc[[0]].assign(id=102)], ignore_index=True)
+    with pytest.raises(ValueError, match="2 correct solutions"):
+        pairwise_frame(twice)
+
+
+def test_splits_hold_balanced_pairs_and_keep_a_question_on_one_side():
+    hp = hyper()
+    splits = {name: load_split(hp, name) for name in ("train", "validation", "test")}
+    for frame in splits.values():
+        assert frame["y"].mean() == 0.5  # both orders of every pair
+        assert frame["other_solution"].notna().all()
+    train, validation = set(splits["train"]["problem_id"]), set(splits["validation"]["problem_id"])
+    assert validation and not train & validation
+
+
+def test_the_control_shuffles_the_pairs_labels_not_the_solutions():
+    hp = hyper(text_rl={"validation_fraction": 0.2, "shuffle_training_labels": True})
+    shuffled, true = load_split(hp, "train"), load_split(hyper(), "train")
+    assert list(shuffled["solution"]) == list(true["solution"])
+    assert sorted(shuffled["y"]) == sorted(true["y"]) and list(shuffled["y"]) != list(true["y"])
+
+
+def test_one_verifier_round_rewards_naming_the_correct_solution():
+    protocol = make_protocol(hyper())
+    assert protocol.agent_names == ("verifier",) and protocol.max_message_rounds == 1
+    assert active_agents(protocol, 0, 3) == ("verifier",)
+    right = step_outcome(protocol, 0, ACCEPT, 1, 1, 3)  # A is correct and the verifier says so
+    wrong = step_outcome(protocol, 0, ACCEPT, 0, 1, 3)
+    assert right.done and right.rewards["verifier"] > wrong.rewards["verifier"]
+    assert step_outcome(protocol, 0, REJECT, 0, 1, 3).rewards == right.rewards
+    assert step_outcome(protocol, 0, None, 1, 1, 3).terminated
+
+
+def test_the_prompt_shows_solution_a_then_solution_b():
+    hp = hyper()
+    protocol, params = make_protocol(hp), hp.agents["_default"]
+    points = datapoints(load_split(hp, "test"))
+    correct_first = next(p for p in points if p.y == 1)
+    swapped = next(p for p in points if p.y == 0 and p.other_solution == correct_first.solution)
+    for point in (correct_first, swapped):
+        prompt = chat_messages(protocol, "verifier", params, point, [], 0, 0)[0]["content"]
+        a, b = prompt.index("Solution A is:"), prompt.index("Solution B is:")
+        assert a < prompt.index(point.solution, a) < b < prompt.index(point.other_solution, b)
+        assert '"Decision: accept" if Solution A is the correct one' in prompt
+
+
+def test_likelihood_baseline_picks_the_solution_the_model_finds_likelier():
+    base = pd.DataFrame(
+        {"datapoint_id": [1, 1, 2, 3], "y": [1, 1, 0, 1], "sample": [0, 1, 0, 0]}
+    ).assign(seed=0, arm="base", iteration=0, decision=pd.NA, correct=False, decided=False)
+    base = base.assign(model_calls=1, tokens=5, p_accept=0.5)
+    scores = pd.DataFrame(
+        {
+            "datapoint_id": [1, 2],
+            "logprob_first": [-10.0, -40.0],  # per token: -1.0 and -4.0
+            "tokens_first": [10, 10],
+            "logprob_second": [-40.0, -10.0],  # per token: -2.0 and -1.0
+            "tokens_second": [20, 10],
+        }
+    )
+    rows = likelihood_rows(base, scores)
+    assert set(rows["arm"]) == {LIKELIHOOD_ARM} and 3 not in set(rows["datapoint_id"])
+    assert list(rows["decision"]) == [1, 1, 0] and rows["correct"].all()
+
+
+def test_a_pairwise_experiment_runs_on_the_dummy_backend(prefect_harness, tmp_path: Path):
+    config = {
+        "scenario": "code_validation",
+        "trainer": "pure_text_malt",
+        "dataset": "humaneval-buggy",
+        "dataset_options": {"difficulty": "medium", "solution_docstring": "dropped"},
+        "interaction_protocol": "pairwise",
+        "seed": 11,
+        "agents": {"_default": {"use_dummy_api": True}},
+        "rl": {"rollouts_per_iteration": 8},
+        "text_rl": {"validation_fraction": 0.2},
+        "pure_text_malt": {
+            "num_responses_per_timestep": 4,
+            "verifier_training_signal": "sampled_pairs",
+        },
+        "experiment": {
+            "iterations": 1,
+            "samples_per_test_datapoint": 1,
+            "bootstrap_resamples": 50,
+            "arms": {"malt": {}},
+        },
+    }
+    path = tmp_path / "pairwise.yaml"
+    path.write_text(yaml.safe_dump(config))
+    args = ["--config", str(path), "--artifacts-root", str(tmp_path), "--run-name", "pw"]
+    assert experiment_main([*args, "--no-wandb"]) == 0
+    folder = tmp_path / "pw"
+    experiment = pd.read_parquet(folder / "experiment.parquet")
+    # every test pair in both orders, for the trained arm and the reference arms alike
+    malt = experiment[experiment["arm"] == "malt"]
+    assert malt["y"].mean() == 0.5 and len(malt) == 68
+    assert set(REFERENCE_ARMS) <= set(experiment["arm"])  # the dummy scores no likelihoods
+    summary = pd.read_parquet(folder / "summary.parquet")
+    assert {"accuracy_y1", "accuracy_y0"} <= set(summary.columns)
+    # no label written into a training row: every verifier answer is a sampled reply
+    iteration = folder / "seeds/11/arms/malt/iterations/0000"
+    rows = pd.read_parquet(iteration / "datasets/dpo/verifier.parquet")
+    nodes = set(pd.read_parquet(iteration / "nodes.parquet")["node_id"])
+    assert len(rows) and not rows["guess_replaced"].any()
+    assert set(rows["chosen_node_id"]) | set(rows["rejected_node_id"]) <= nodes
