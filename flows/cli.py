@@ -28,6 +28,7 @@ from nip_core.agents.preflight import check_providers
 from nip_core.lm_server.launch import ServerHandle
 from nip_core.parameters import HyperParameters, load_hyper_params
 from nip_core.parameters.hyper import InteractionProtocolType, TrainerType
+from nip_core.run import provenance
 from nip_core.run.artifacts import ArtifactError, RunPaths, default_root
 from nip_core.run.iteration_context import IterationContext, build_context
 from nip_core.run.lock import RunLockedError, lock_run_folder
@@ -159,10 +160,16 @@ def open_run(
     outer = inside.server if inside is not None else None
     with lock_run_folder(RunPaths.open(root, run_name)):
         paths = prepare_run(hp, root, run_name)
-        first = served_context(build_context(hp, run_name, 0), server_url)
-        with lm_server_for(paths, first, outer) as server:
-            freeze_long_lived_objects()
-            yield OpenRun(hp, run_name, paths, task_runner, task_runner_address, server)
+        invocation = provenance.start_invocation(paths, provenance.collect())
+        outcome = "interrupted"
+        try:
+            first = served_context(build_context(hp, run_name, 0), server_url)
+            with lm_server_for(paths, first, outer) as server:
+                freeze_long_lived_objects()
+                yield OpenRun(hp, run_name, paths, task_runner, task_runner_address, server)
+            outcome = "finished"
+        finally:
+            provenance.end_invocation(paths, invocation, outcome=outcome)
 
 
 _frozen = False

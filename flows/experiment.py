@@ -54,9 +54,12 @@ from flows.cli import (
 )
 from flows.lm_server import server_engine, side_by_side_urls
 from flows.pipeline import iteration_subflow
+from nip_core.data.pairwise import shows_pairs
 from nip_core.experiment.arm_results import (
     evaluation_rows,
+    read_likelihoods,
     reference_arm_rows,
+    score_likelihoods,
     score_verdicts,
 )
 from nip_core.experiment.config import (
@@ -87,6 +90,7 @@ from nip_core.malt.evaluation import format_metrics
 from nip_core.parameters import HyperParameters
 from nip_core.parameters.loading import apply_overrides, read_params_file
 from nip_core.protocols.build import make_protocol
+from nip_core.run import provenance
 from nip_core.run.artifacts import RunPaths, default_root
 from nip_core.run.iteration_context import build_context
 from nip_core.run.lock import lock_run_folder
@@ -174,6 +178,8 @@ def run_seed(
     with open_run(base, seed_root, BASE_RUN, server_url=server_url) as base_run:
         base_paths = base_run.paths
         evaluate_iteration(base_run, 0, split)
+        if shows_pairs(base.interaction_protocol):  # the likelihood baseline's scores
+            score_likelihoods(base_paths, base_run.context(0), split)
         for arm, arm_hp in spec.arms.items():
             start = starts[arm]
             hp = with_seed(arm_hp, seed)
@@ -184,7 +190,8 @@ def run_seed(
                 run_arm(arm_run, spec.settings, use_wandb, evaluate_start=start is not None)
                 final_models[arm] = arm_run.context(hp.rl.num_iterations).models
     base_rows = evaluation_rows(base_paths, BASE_RUN, 0, split, seed)
-    frames = [base_rows, reference_arm_rows(base, base_rows, split)] + [
+    references = reference_arm_rows(base, base_rows, split, read_likelihoods(base_paths, split))
+    frames = [base_rows, references] + [
         evaluation_rows(paths, arm, it, split, seed)
         for arm, paths in arm_paths.items()
         for it in range(0 if starts[arm] else 1, spec.arms[arm].rl.num_iterations + 1)
@@ -359,10 +366,16 @@ def main(argv: list[str] | None = None) -> int:
         paths = RunPaths.open(root, args.run_name)
         if paths.is_local:
             check_writable(Path(paths.run_dir))
-        return paths
+        return paths, spec
 
-    def run(paths: RunPaths) -> int:
+    def run(checked: tuple[RunPaths, Experiment]) -> int:
+        paths, spec = checked
+        configs = {"base": spec.base.to_dict()} | {a: h.to_dict() for a, h in spec.arms.items()}
+        invocation = provenance.start_invocation(
+            paths, provenance.collect(), arms=configs, settings=vars(spec.settings)
+        )
         rows = experiment_flow(args.overrides, args.config, args.run_name, root, args.use_wandb)
+        provenance.end_invocation(paths, invocation, outcome="finished")
         print(summary_text(pd.DataFrame(rows)))
         print(f"artifacts: {paths.run_dir} (experiment.html, summary.parquet, experiment.parquet)")
         return 0
