@@ -8,17 +8,22 @@ time, a control added later) have no summary together. This reads every finished
 given experiment folders (`seeds/<seed>/{rows,training,timings}.parquet`), refuses a seed that
 two of them hold, and writes experiment.parquet, summary.parquet, training.parquet,
 experiment.png and experiment.html for all of them into `--out`, as the experiment would: arms
-a seed did not run are summarised over the seeds that ran them.
+a seed did not run are summarised over the seeds that ran them. `provenance.json` carries the
+experiments' own records (commit, machine, command, every arm's configuration, wall time; see
+`nip_core.run.provenance`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 
 import pandas as pd
 
 from nip_core.experiment.seed_outputs import finished_seed, write_outputs
+from nip_core.run import provenance
 from nip_core.run.artifacts import RunPaths
 
 
@@ -56,6 +61,12 @@ def main() -> None:
         seed=args.seed,
         title=f"Seeds {', '.join(map(str, seeds))} of {len(args.experiments)} experiments",
     )
+    records = {}
+    for folder in args.experiments:
+        path = folder / provenance.PROVENANCE_FILE
+        records[folder.name] = json.loads(path.read_text()) if path.exists() else {}
+    combined = provenance.result_provenance(records, sys.argv)
+    (args.out / provenance.PROVENANCE_FILE).write_text(json.dumps(combined, indent=1) + "\n")
     across = summary[summary["scope"] == "across_seeds"]
     columns = ["arm", "iteration", "seeds", "decision_rate", "accuracy_when_decided", "auc"]
     print(across[[c for c in columns if c in across]].round(3).to_string(index=False))

@@ -185,3 +185,65 @@ def end_invocation(paths: RunPaths, index: int, **fields: Any) -> None:
     if 0 <= index < len(records):
         records[index] |= {"ended": now(), **fields}
         write_records(paths, records)
+
+
+# The fields every result folder's provenance.json holds (older folders: "unknown" where they
+# could not be recovered).
+RESULT_FIELDS = ("commit", "dirty", "command", "configuration", "machine", "packages", "wall_time")
+
+
+def result_provenance(experiments: dict[str, dict[str, Any]], command: list[str]) -> dict:
+    """A result folder's provenance from the provenance files of the experiment folders it
+    combines (folder name -> file contents): every invocation kept under `sources`; the
+    commits, machines and commands they ran with; each arm's configuration (the first
+    experiment's where several ran an arm); the summed wall time of the invocations."""
+    runs = [
+        dict(r, experiment=name)
+        for name, data in experiments.items()
+        for r in data.get("invocations", [])
+    ]
+    configuration: dict[str, Any] = {}
+    for data in experiments.values():
+        for arm, config in (data.get("arms") or {}).items():
+            configuration.setdefault(arm, config)
+
+    def distinct(key: str) -> Any:
+        values = []
+        for run in runs:
+            value = run.get(key, UNKNOWN)
+            if value not in values:
+                values.append(value)
+        if not values:
+            return UNKNOWN
+        return values[0] if len(values) == 1 else values
+
+    return {
+        "commit": distinct("commit"),
+        "dirty": distinct("dirty"),
+        "command": {name: distinct_commands(data) for name, data in experiments.items()},
+        "configuration": configuration or UNKNOWN,
+        "machine": distinct("machine"),
+        "packages": distinct("packages"),
+        "wall_time": wall_seconds(runs),
+        "combined_by": command,
+        "sources": runs,
+    }
+
+
+def distinct_commands(data: dict[str, Any]) -> list[list[str]] | str:
+    commands: list[list[str]] = []
+    for run in data.get("invocations", []):
+        if run.get("command") not in commands:
+            commands.append(run.get("command"))
+    return commands or UNKNOWN
+
+
+def wall_seconds(runs: list[dict[str, Any]]) -> float | str:
+    """Seconds between start and end, summed over the invocations that ended."""
+    total, counted = 0.0, False
+    for run in runs:
+        if run.get("started") and run.get("ended"):
+            start, end = (datetime.fromisoformat(run[k]) for k in ("started", "ended"))
+            total += (end - start).total_seconds()
+            counted = True
+    return round(total, 1) if counted else UNKNOWN
