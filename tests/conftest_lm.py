@@ -86,8 +86,10 @@ class Server:
 
 
 @contextmanager
-def running_server(args: list[str], state_dir: Path, token: str | None = None):
-    server = Server(args, state_dir, token).wait_ready()
+def running_server(
+    args: list[str], state_dir: Path, token: str | None = None, start_timeout: float = 120
+):
+    server = Server(args, state_dir, token).wait_ready(start_timeout)
     try:
         yield server
     finally:

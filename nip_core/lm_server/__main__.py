@@ -228,6 +228,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from nip_core.lm_server.app import create_app
     from nip_core.lm_server.embedded_model import cache_root
+    from nip_core.lm_server.model_check import UnsupportedModelError, check_chat_model
 
     args = _parse(argv)
     token = os.environ.get("NIP_LM_SERVER_TOKEN") or None
@@ -246,6 +247,10 @@ def main(argv: list[str] | None = None) -> None:
         model, public_name = EMBEDDED_MODEL_NAME, None  # canned answers need no weights
     else:
         model, public_name = _model_and_name(args.model)
+        try:
+            check_chat_model(model)
+        except UnsupportedModelError as error:
+            raise SystemExit(f"error: {error}") from None
     state_dir = Path(args.state_dir) if args.state_dir else cache_root() / "lm-server-state"
     opts = {}
     if args.engine == "vllm":
