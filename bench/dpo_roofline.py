@@ -2,7 +2,7 @@
 
     python bench/dpo_roofline.py                        # 16 pairs of the recipe, 2 epochs
     python bench/dpo_roofline.py --pairs 8 --epochs 1   # a quick look
-    python bench/dpo_roofline.py --compare-precision    # the step in fp32, then as `auto` picks
+    python bench/dpo_roofline.py --compare agents._default.lora_dropout=0.05   # an older recipe first
 
 The path users run: `python -m nip_core.lm_server --engine transformers` as a child process, the
 real `openai` SDK uploading the recipe's own pairs and creating a DPO job with the options the
@@ -21,9 +21,10 @@ step may use: fp32, and bf16 where the hardware has it natively (a CPU listing A
 AMX, a CUDA GPU). The first step (warm-up) is left out; the rate is the summed work over the
 summed time of the others. The last line is `ratio achieved/matmul: <x>`.
 
-`--compare-precision` runs the job twice, frozen weights in fp32 and then as `auto` picks on
-this machine (the same where the CPU has no native bf16), and prints both ratios, the last for
-`auto`.
+`--compare KEY=VALUE` (repeatable, the config's dotted keys) runs the job twice on the same
+server, first with those settings (e.g. the recipe as it was, or
+`agents._default.training_precision=fp32` against `auto` on a CPU with native bf16), then as the
+config ships, and prints both ratios; the last line is the shipped recipe's.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from nip_core.lm_server.embedded_model import EMBEDDED_MODEL_NAME, embedded_mode
 from nip_core.lm_server.hardware import NATIVE_BF16_FLAGS, cpu_flags  # noqa: E402
 from nip_core.lm_server.step_flops import ModelShapes, dpo_step_work  # noqa: E402
 from nip_core.parameters import HyperParameters  # noqa: E402
-from nip_core.parameters.loading import read_params_file  # noqa: E402
+from nip_core.parameters.loading import apply_overrides, read_params_file  # noqa: E402
 from nip_core.training.fine_tune_jobs import lora_training_options  # noqa: E402
 
 RECIPE = ROOT / "configs" / "experiment-cpu-easy.yaml"
@@ -60,12 +61,14 @@ PAIRS = (
 )
 
 
-def recipe_request(config: Path, epochs: int | None) -> tuple[dict, dict]:
+def recipe_request(
+    config: Path, epochs: int | None, overrides: list[str] = ()
+) -> tuple[dict, dict]:
     """(the DPO method block, our `nip_training` extension) the experiment sends for the
-    verifier of `config`'s base arm."""
+    verifier of `config`'s base arm, with dotted `overrides` ("key=value")."""
     data = read_params_file(config)
     data.pop("experiment", None)
-    hp = HyperParameters.from_dict(data)
+    hp = apply_overrides(HyperParameters.from_dict(data), list(overrides))
     params = hp.agents["verifier"] if "verifier" in hp.agents else hp.agents["_default"]
     hyper = {
         "n_epochs": epochs or params.num_epochs,
@@ -182,10 +185,10 @@ def run_job(url: str, method: dict, extension: dict, rows: list[dict]) -> list[d
     return sorted(events, key=lambda e: e["created_at"])
 
 
-def measure(args, url: str, rows: list[dict], tokens, shapes, precision: str) -> float:
-    """Run the job in `precision`, print its figures; the ratio achieved/matmul."""
-    method, extension = recipe_request(args.config, args.epochs)
-    extension = extension | {"precision": precision}
+def measure(args, url: str, rows: list[dict], tokens, shapes, overrides: list[str]) -> float:
+    """Run the recipe's job with `overrides`, print its figures; the ratio achieved/matmul."""
+    method, extension = recipe_request(args.config, args.epochs, overrides)
+    print(f"-- {' '.join(overrides) or 'the recipe as shipped'}")
     events = run_job(url, method, extension, rows)
     first = next(e for e in events if e["message"].startswith("Training dpo"))
     used, device = first["data"]["precision"], first["data"]["device"].split(":")[0]
@@ -235,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pairs", type=int, default=16)
     parser.add_argument("--epochs", type=int, default=2, help="0: the recipe's own")
     parser.add_argument("--config", type=Path, default=RECIPE)
-    parser.add_argument("--compare-precision", action="store_true")
+    parser.add_argument("--compare", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
     from transformers import AutoConfig
 
@@ -258,15 +261,16 @@ def main(argv: list[str] | None = None) -> None:
         proc = subprocess.Popen(command, env=env)
         try:
             _wait_up(url, proc, 600)
-            ratios = {}
-            for precision in ("fp32", "auto") if args.compare_precision else ("auto",):
-                ratios[precision] = measure(args, url, rows, tokens, shapes, precision)
+            before = (
+                measure(args, url, rows, tokens, shapes, args.compare) if args.compare else None
+            )
+            shipped = measure(args, url, rows, tokens, shapes, [])
         finally:
             proc.terminate()
             proc.wait(timeout=120)
-    if args.compare_precision:
-        print(f"fp32 ratio {ratios['fp32']:.2f}, auto ratio {ratios['auto']:.2f}")
-    print(f"ratio achieved/matmul: {ratios['auto']:.2f}")
+    if before is not None:
+        print(f"ratio with {' '.join(args.compare)}: {before:.2f}; as shipped: {shipped:.2f}")
+    print(f"ratio achieved/matmul: {shipped:.2f}")
 
 
 if __name__ == "__main__":
