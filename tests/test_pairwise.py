@@ -165,3 +165,25 @@ def test_a_pairwise_experiment_runs_on_the_dummy_backend(prefect_harness, tmp_pa
     nodes = set(pd.read_parquet(iteration / "nodes.parquet")["node_id"])
     assert len(rows) and not rows["guess_replaced"].any()
     assert set(rows["chosen_node_id"]) | set(rows["rejected_node_id"]) <= nodes
+
+
+def test_best_of_n_ranks_by_pairwise_votes_in_both_orders():
+    from nip_core.experiment.best_of_n import (
+        ordered_pairs,
+        pick_credit,
+        round_robin_scores,
+        share_solved,
+    )
+
+    assert ordered_pairs(3) == [(0, 1), (0, 2), (1, 0), (1, 2), (2, 0), (2, 1)]
+    # candidate 1 is correct; the verifier says "A" 70 % of the time whatever it sees, plus
+    # a small real preference for candidate 1: the bias cancels over both orders
+    p = {
+        (i, j): 0.7 + (0.05 if i == 1 else 0) - (0.05 if j == 1 else 0) for i, j in ordered_pairs(3)
+    }
+    scores = round_robin_scores(3, p)
+    assert scores.argmax() == 1 and pick_credit(scores, 1) == 1.0
+    # a verifier that always says "A" scores every candidate alike: credit 1/N
+    flat = round_robin_scores(4, {pair: 1.0 for pair in ordered_pairs(4)})
+    assert pick_credit(flat, 2) == 0.25
+    assert share_solved([(0, 1), (1, 0)], lambda q: scores) == 0.5
