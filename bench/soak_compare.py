@@ -2,7 +2,7 @@
 
 Shared by `bench/kill_soak.py`, `bench/fault_soak.py` and `tests/test_soaks.py`. Every file of
 the reference's run folder (`<root>/<run>/`: `hyper_params.json` and every iteration file) must
-exist in the other run with the same bytes, and the other run must hold no file more. Only three
+exist in the other run with the same bytes, and the other run must hold no file more. Only four
 kinds of file are compared differently, because their bytes may legitimately differ:
 
 - `manifest.json`: compared as JSON without each stage's `seconds` (its wall time) and the
@@ -17,6 +17,10 @@ kinds of file are compared differently, because their bytes may legitimately dif
   files are compared (Parquet files never hold them and stay byte for byte). A journal key hashes
   the model name, so with `job_ids` given, the records whose key only one side has (the calls
   to a fine-tuned model) are compared by their answers alone.
+
+- `provenance.json`: one record per invocation of the run (commit, machine, command, start and
+  end), so a run killed and resumed holds more records than one that ran through; it must be
+  valid, every record complete, and its last invocation must have finished.
 
 Rows: every Parquet file and every JSONL line file (datasets, journals) is also compared as a
 multiset of rows, so a difference is counted as lost rows (in the reference, missing from the
@@ -34,6 +38,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from nip_core.run.provenance import PROVENANCE_FILE, missing_fields
 
 MANIFEST = "manifest.json"
 VOLATILE_STAGE_FIELDS = ("seconds",)  # per stage: its wall time
@@ -155,10 +161,23 @@ def files_equal(ref: Path, run: Path, relative: str, job_ids: Mapping[str, str])
             if same
             else "manifest differs (beyond stage seconds, replayed calls, server restarts)"
         )
+    if relative == PROVENANCE_FILE:
+        return provenance_problem(got)
     if is_journal(relative):
         ref_rows, run_rows, _ = journal_rows(want, got, bool(job_ids))
         return None if sorted(ref_rows) == sorted(run_rows) else "call journal records differ"
     return None if want == got else f"bytes differ ({len(want)} vs {len(got)} bytes)"
+
+
+def provenance_problem(data: bytes) -> str | None:
+    """Why a run's provenance file is not a complete record of a finished run, or None."""
+    try:
+        invocations = json.loads(data)["invocations"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return "provenance is not valid"
+    if not invocations or any(missing_fields(r) for r in invocations):
+        return "provenance records are incomplete"
+    return None if invocations[-1].get("outcome") == "finished" else "the last run did not finish"
 
 
 def steps_content(path: Path, job_ids: Mapping[str, str] | None = None) -> tuple:
