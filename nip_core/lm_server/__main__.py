@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         model, public_name = _model_and_name(args.model)
         try:
-            check_chat_model(model)
+            check_chat_model(model, config_required=args.engine != "vllm")
         except UnsupportedModelError as error:
             raise SystemExit(f"error: {error}") from None
     state_dir = Path(args.state_dir) if args.state_dir else cache_root() / "lm-server-state"

@@ -15,14 +15,19 @@ class UnsupportedModelError(ValueError):
     """A model the server cannot serve; the message says why and what to change."""
 
 
-def check_chat_model(model: str) -> str:
-    """The model's architecture name when it can be served; raises `UnsupportedModelError`."""
+def check_chat_model(model: str, *, config_required: bool = True) -> str | None:
+    """The model's architecture name when it can be served; raises `UnsupportedModelError`.
+
+    With `config_required=False` (the vLLM engine, which resolves model names its own way) only
+    local files are read, and a config that is not there is left for the engine to report: None."""
     from transformers import AutoConfig, AutoTokenizer
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     try:
-        config = AutoConfig.from_pretrained(model)
+        config = AutoConfig.from_pretrained(model, local_files_only=not config_required)
     except (OSError, ValueError) as error:
+        if not config_required:
+            return None
         raise UnsupportedModelError(f"model {model!r}: cannot read its config ({error})") from error
     model_type = getattr(config, "model_type", None)
     named = list(getattr(config, "architectures", None) or [])
@@ -36,7 +41,7 @@ def check_chat_model(model: str) -> str:
             "language model transformers can load; serve a decoder-only chat model (Llama, "
             "Qwen2, Gemma 2, Phi-3, Mistral, ...)"
         )
-    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=not config_required)
     if not getattr(tokenizer, "chat_template", None):
         raise UnsupportedModelError(
             f"model {model!r} ({architecture}) has no chat template: the server renders every "

@@ -14,6 +14,7 @@ ITERATIONS_DIR = "iterations"  # one folder per iteration, named by `iteration_f
 REPORT_FILE = "report.html"  # the run's report page (`python -m flows.report`)
 RUN_ID_FILE = "wandb_run_id"  # the wandb run every start of this run appends to
 LM_SERVER_DIR = "lm_server"  # state and log of a self-hosted server a flow started
+PROVENANCE_FILE = "provenance.json"  # commit, machine, configuration and command of every start
 
 
 def iteration_folder(iteration: int) -> str:

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from nip_core.run.artifacts import RunPaths, read_json, write_json
+from nip_core.run.iteration_files import PROVENANCE_FILE
 
-PROVENANCE_FILE = "provenance.json"
 UNKNOWN = "unknown"
 # The packages whose versions decide what a run computes.
 PACKAGES = (
