@@ -64,7 +64,9 @@ def test_every_number_is_recomputed_from_its_folder(row):
     expected_minutes = "–" if int(iteration) == 0 or walls.empty else str(round(walls.sum() / 60))
     assert minutes == expected_minutes
     provenance = json.loads((ROOT / "docs" / "results" / folder / "provenance.json").read_text())
-    commits = provenance["commit"] if isinstance(provenance["commit"], list) else [provenance["commit"]]
+    commits = (
+        provenance["commit"] if isinstance(provenance["commit"], list) else [provenance["commit"]]
+    )
     shown = [c if c == "unknown" else c[:7] for c in commits]
     assert commit == ", ".join(shown)
 
