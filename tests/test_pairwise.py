@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -11,7 +12,7 @@ import yaml
 from flows.experiment import main as experiment_main
 from nip_core.agents import chat_messages
 from nip_core.data import datapoints
-from nip_core.data.pairwise import pair_id, pairwise_frame
+from nip_core.data.pairwise import pair_id, pairwise_frame, solution_difference
 from nip_core.data.splits import load_split
 from nip_core.episode import ACCEPT, REJECT
 from nip_core.experiment.reference import LIKELIHOOD_ARM, REFERENCE_ARMS, likelihood_rows
@@ -104,6 +105,30 @@ def test_the_prompt_shows_solution_a_then_solution_b():
         a, b = prompt.index("Solution A is:"), prompt.index("Solution B is:")
         assert a < prompt.index(point.solution, a) < b < prompt.index(point.other_solution, b)
         assert '"Decision: accept" if Solution A is the correct one' in prompt
+
+
+def test_the_difference_names_each_changed_block_as_a_then_b():
+    first = "def f(xs):\n    n = len(xs)\n    return xs[n - 1]\n"
+    second = "def f(xs):\n    n = len(xs)\n    return xs[n]\n    # end\n"
+    assert solution_difference(first, second) == (
+        "At line 3 of Solution A:\nSolution A has:\n    return xs[n - 1]\n"
+        "Solution B has:\n    return xs[n]\n    # end"
+    )
+    assert solution_difference(first, first) == "(the two solutions are the same)"
+
+
+def test_the_difference_template_shows_solution_a_and_the_lines_b_changes():
+    hp = hyper()
+    protocol = make_protocol(hp)
+    template = Path(__file__).resolve().parent.parent / "configs/templates"
+    params = replace(
+        hp.agents["_default"],
+        system_prompt_template_path=str(template / "pairwise-verifier-difference.j2"),
+    )
+    point = next(p for p in datapoints(load_split(hp, "test")) if p.y == 0)
+    prompt = chat_messages(protocol, "verifier", params, point, [], 0, 0)[0]["content"]
+    assert point.solution in prompt and point.other_solution not in prompt
+    assert solution_difference(point.solution, point.other_solution) in prompt
 
 
 def test_likelihood_baseline_picks_the_solution_the_model_finds_likelier():

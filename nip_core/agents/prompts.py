@@ -23,6 +23,7 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, Template, TemplateNotFound
 
+from nip_core.data.pairwise import solution_difference
 from nip_core.episode import ACCEPT, DECISION_NAMES, REJECT, ChannelMessage, Datapoint, Turn
 from nip_core.parameters.agents import PureTextAgentParameters
 from nip_core.protocols import (
@@ -112,6 +113,11 @@ def prompt_variables(
         "question": datapoint.question,
         "solution": datapoint.solution,
         "other_solution": datapoint.other_solution or "",
+        "solution_difference": (
+            solution_difference(datapoint.solution, datapoint.other_solution)
+            if datapoint.other_solution is not None
+            else ""
+        ),
         "max_response_words": agent_params.max_response_words,
         "max_questions": max(0, protocol.max_verifier_questions - 1),
         "num_rounds": protocol.max_message_rounds,

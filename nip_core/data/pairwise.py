@@ -68,3 +68,23 @@ def pairwise_frame(frame: pd.DataFrame) -> pd.DataFrame:
     columns = [*PAIR_COLUMNS, "problem_id", *extra]
     pairs = pd.DataFrame.from_records(records, columns=columns)
     return pairs.sort_values("id", kind="stable").reset_index(drop=True)
+
+
+def solution_difference(first: str, second: str) -> str:
+    """Where two solutions differ, line by line: each changed block as Solution A has it, then as
+    Solution B has it, with the line number in A. The contrast made local, for a verifier
+    template (`solution_difference`): the model's relative trace of a bug sits in these lines."""
+    import difflib
+
+    a_lines, b_lines = first.splitlines(), second.splitlines()
+    blocks = []
+    matcher = difflib.SequenceMatcher(a=a_lines, b=b_lines, autojunk=False)
+    for tag, a0, a1, b0, b1 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        a_text = "\n".join(a_lines[a0:a1]) or "(nothing)"
+        b_text = "\n".join(b_lines[b0:b1]) or "(nothing)"
+        blocks.append(
+            f"At line {a0 + 1} of Solution A:\nSolution A has:\n{a_text}\nSolution B has:\n{b_text}"
+        )
+    return "\n\n".join(blocks) or "(the two solutions are the same)"
