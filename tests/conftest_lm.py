@@ -124,6 +124,22 @@ def wait_job(
     raise TimeoutError(f"job {job_id} stuck in {job.status}")
 
 
+def train_job(server, base: str, method: dict, lines: list[dict], nip: dict, timeout: float):
+    """A fine-tuning job of `lines` on `base` through the openai SDK, waited for; it must
+    succeed. (the job, its output folder)"""
+    client = server.client()
+    job = client.fine_tuning.jobs.create(
+        model=base,
+        training_file=upload(client, lines).id,
+        method=method,
+        suffix=method["type"],
+        extra_body={"nip_training": nip},
+    )
+    done = wait_job(client, job.id, timeout=timeout)
+    assert done.status == "succeeded", done.error
+    return done, server.state_dir / "jobs" / job.id / "output"
+
+
 def dpo_lines(count: int = 8) -> list[dict]:
     return [
         {

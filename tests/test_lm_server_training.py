@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest_lm import dpo_lines, kto_lines, running_server, sft_lines, upload, wait_job
+from tests.conftest_lm import dpo_lines, kto_lines, running_server, sft_lines, train_job, upload
 from tests.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -40,18 +40,7 @@ def _greedy(client, model: str) -> str:
 
 
 def _train(server, base: str, method: dict, lines: list[dict], nip: dict):
-    client = server.client()
-    job = client.fine_tuning.jobs.create(
-        model=base,
-        training_file=upload(client, lines).id,
-        method=method,
-        suffix=method["type"],
-        extra_body={"nip_training": nip},
-    )
-    done = wait_job(client, job.id, timeout=240)
-    assert done.status == "succeeded", done.error
-    output = server.state_dir / "jobs" / job.id / "output"
-    return done, output
+    return train_job(server, base, method, lines, nip, timeout=240)
 
 
 def test_chat_n_samples_and_greedy_is_stable(server, tiny_model):

@@ -19,7 +19,7 @@ import pytest
 
 from nip_core.lm_server.engines.vllm.config import vllm_venv
 from nip_core.lm_server.model_check import UnsupportedModelError, check_chat_model
-from tests.conftest_lm import dpo_lines, free_port, running_server, sft_lines, upload, wait_job
+from tests.conftest_lm import dpo_lines, free_port, running_server, sft_lines, train_job
 from tests.tiny_model import ARCHITECTURES, build_tiny_chat_model
 
 pytestmark = pytest.mark.slow
@@ -52,17 +52,7 @@ def _logprob(server, model: str, chat: list[dict]) -> float:
 
 
 def _job(server, base: str, method: dict, lines: list[dict]):
-    client = server.client()
-    job = client.fine_tuning.jobs.create(
-        model=base,
-        training_file=upload(client, lines).id,
-        method=method,
-        suffix=method["type"],
-        extra_body={"nip_training": FAST},
-    )
-    done = wait_job(client, job.id, timeout=300)
-    assert done.status == "succeeded", done.error
-    return done, server.state_dir / "jobs" / job.id / "output"
+    return train_job(server, base, method, lines, FAST, timeout=300)
 
 
 def test_served_trained_and_switched(served):
