@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from nip_core.run.iteration_files import PROVENANCE_FILE
+
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
 
 
@@ -33,12 +35,13 @@ def minutes(across: pd.DataFrame, iteration: int) -> str:
 
 
 def commits(folder: Path) -> str:
-    commit = json.loads((folder / "provenance.json").read_text())["commit"]
+    commit = json.loads((folder / PROVENANCE_FILE).read_text())["commit"]
     shown = commit if isinstance(commit, list) else [commit]
     return ", ".join(c if c == "unknown" else c[:7] for c in shown)
 
 
-def table_row(folder_name: str, arm: str, iteration: int, machine: str) -> str:
+def table_cells(folder_name: str, arm: str, iteration: int, machine: str) -> list[str]:
+    """A row's cells: what the page must print for `arm` at `iteration` of the folder."""
     folder = RESULTS / folder_name
     summary = pd.read_parquet(folder / "summary.parquet")
     across = summary[(summary["scope"] == "across_seeds") & (summary["arm"] == arm)]
@@ -48,7 +51,7 @@ def table_row(folder_name: str, arm: str, iteration: int, machine: str) -> str:
     row = row.iloc[0]
     if math.isnan(row["auc"]):
         raise SystemExit(f"error: {folder_name} {arm} at {iteration} has no AUC")
-    cells = [
+    return [
         f"`{arm}`",
         str(iteration),
         str(int(row["seeds"])),
@@ -60,7 +63,10 @@ def table_row(folder_name: str, arm: str, iteration: int, machine: str) -> str:
         commits(folder),
         f"[{folder_name}](results/{folder_name}/)",
     ]
-    return "| " + " | ".join(cells) + " |"
+
+
+def table_row(folder_name: str, arm: str, iteration: int, machine: str) -> str:
+    return "| " + " | ".join(table_cells(folder_name, arm, iteration, machine)) + " |"
 
 
 def main(argv: list[str] | None = None) -> None:
