@@ -8,13 +8,14 @@ The candidates of a test question are its distinct solutions in humaneval-buggy:
 one and the buggy ones of every grade (the easy stub, the medium, hard and mixed mutations),
 3 to 5 per question, shown as the config shows solutions. Every ordered pair goes to the
 verifier in the pairwise protocol's own prompt (`nip_core.agents.prompts`), and P(Solution A is
-correct) is the softmax of its next-token log-probabilities of "accept" and "reject" after
-"Decision:" (the experiments' verdict scores, one forward per ordered pair). Each candidate's
+correct) is the softmax of its log-probabilities of the replies "Decision: accept" and "Decision:
+reject" (`nip_core.malt.verdict_scores`, the experiments' verdict scores, scored by the server's
+own `message_logprobs`). Each candidate's
 score sums its probability of being the correct one over both orders of every pair
 (`nip_core.experiment.best_of_n`), and a question is solved when its top-ranked candidate is the
 correct one. Beside each verifier (the frozen base model, and every `--adapter` on it): the
 likelihood ranking (the candidate with the highest mean log-probability per token as the model's
-reply to the question) and a random pick (1/N). Runs the model in this process (transformers,
+reply to the question, as the experiments' likelihood baseline scores it) and a random pick (1/N). Runs the model in this process (transformers,
 PEFT for adapters) on the CPU or the GPU torch finds; prints one line per ranking and writes the
 per-question picks to `--out`.
 """
@@ -36,10 +37,14 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from nip_core.agents import chat_messages  # noqa: E402
+from nip_core.agents.prompts import verdict_text  # noqa: E402
 from nip_core.data.loaders import humaneval_file, shown_solutions  # noqa: E402
-from nip_core.episode import Datapoint  # noqa: E402
+from nip_core.episode import ACCEPT, REJECT, Datapoint  # noqa: E402
+from nip_core.experiment.arm_results import solution_reply  # noqa: E402
 from nip_core.experiment.best_of_n import ordered_pairs, round_robin_scores, share_solved  # noqa: E402
 from nip_core.lm_server.embedded_model import embedded_model_path  # noqa: E402
+from nip_core.lm_server.engines.hf_scoring import message_logprobs  # noqa: E402
+from nip_core.malt.verdict_scores import accept_probability  # noqa: E402
 from nip_core.model_api.chat_format import fold_speaker_names  # noqa: E402
 from nip_core.parameters import HyperParameters  # noqa: E402
 from nip_core.parameters.loading import read_params_file  # noqa: E402
@@ -69,50 +74,31 @@ def candidates(split: str, solution_docstring: str) -> list[dict]:
     return out
 
 
-def verdict_ids(tokenizer) -> tuple[int, int]:
-    """The first token of " accept" and of " reject" after "Decision:"."""
-    ids = [
-        tokenizer.encode(f"Decision: {v}", add_special_tokens=False) for v in ("accept", "reject")
-    ]
-    prefix = len(tokenizer.encode("Decision:", add_special_tokens=False))
-    return ids[0][prefix], ids[1][prefix]
+@torch.no_grad()
+def mean_logprobs(model, tokenizer, question: str, solutions: list[str]) -> list[float]:
+    """Mean log-probability per token of each solution as the model's reply to `question`."""
+    chats = [solution_reply(question, code) for code in solutions]
+    scores = message_logprobs(model, tokenizer, chats, model.device)
+    return [total / max(tokens, 1) for total, tokens in scores]
 
 
 @torch.no_grad()
-def p_first(model, tokenizer, texts: list[str], accept: int, reject: int) -> list[float]:
-    """P(accept) at the verdict of each prompt text (ending in "Decision:")."""
-    out = []
-    for text in texts:
-        ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
-        logits = model(input_ids=ids.to(model.device), logits_to_keep=1).logits[0, -1].float()
-        out.append(float(torch.sigmoid(logits[accept] - logits[reject])))
-    return out
-
-
-@torch.no_grad()
-def mean_logprob(model, tokenizer, question: str, solution: str) -> float:
-    """Mean log-probability per token of `solution` as the model's reply to `question`."""
-    chat = [{"role": "user", "content": question}]
-    prefix = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-    start = len(tokenizer(prefix, add_special_tokens=False)["input_ids"])
-    ids = tokenizer(prefix + solution, return_tensors="pt", add_special_tokens=False)["input_ids"]
-    logits = model(input_ids=ids.to(model.device)).logits[0, :-1].float()
-    own = torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None].to(model.device))[:, 0]
-    return float(own[start - 1 :].mean())
-
-
-def pairwise_texts(hp, tokenizer, question: str, solutions: list[str]) -> list[str]:
-    """The verifier's prompt for every ordered pair, up to "Decision:"."""
+def p_first(model, tokenizer, hp, question: str, solutions: list[str]) -> list[float]:
+    """P(Solution A is correct) for every ordered pair of `solutions` (`ordered_pairs` order):
+    the verifier's prompt, then the two verdict replies scored."""
     protocol, params = make_protocol(hp), hp.agents["_default"]
-    texts = []
+    chats = []
     for first, second in ordered_pairs(len(solutions)):
         point = Datapoint(0, question, solutions[first], 1, 1, other_solution=solutions[second])
-        chat = fold_speaker_names(chat_messages(protocol, "verifier", params, point, [], 0, 0))
-        texts.append(
-            tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-            + "Decision:"
-        )
-    return texts
+        prompt = chat_messages(protocol, "verifier", params, point, [], 0, 0)
+        for verdict in (ACCEPT, REJECT):
+            reply = {"role": "assistant", "content": verdict_text(verdict)}
+            chats.append(fold_speaker_names([*prompt, reply]))
+    scores = message_logprobs(model, tokenizer, chats, model.device)
+    return [
+        accept_probability(accept[0], reject[0])
+        for accept, reject in zip(scores[::2], scores[1::2], strict=True)
+    ]
 
 
 def main() -> None:
@@ -134,7 +120,6 @@ def main() -> None:
     path = str(embedded_model_path())
     tokenizer = AutoTokenizer.from_pretrained(path)
     base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    accept, reject = verdict_ids(tokenizer)
     sizes = [len(q["solutions"]) for q in questions]
     results = {
         "config": str(args.config),
@@ -146,9 +131,7 @@ def main() -> None:
     print(f"{len(questions)} questions, {np.mean(sizes):.2f} candidates each on average")
     print(f"random pick: {results['random']:.3f}")
     started = time.monotonic()
-    likelihoods = [
-        [mean_logprob(base, tokenizer, q["question"], s) for s in q["solutions"]] for q in questions
-    ]
+    likelihoods = [mean_logprobs(base, tokenizer, q["question"], q["solutions"]) for q in questions]
     index = [(i, q["correct"]) for i, q in enumerate(questions)]
     results["likelihood"] = share_solved(index, lambda i: likelihoods[i])
     print(f"likelihood per token: {results['likelihood']:.3f}")
@@ -163,11 +146,10 @@ def main() -> None:
     for name, model in models.items():
         scores = []
         for q in questions:
-            texts = pairwise_texts(hp, tokenizer, q["question"], q["solutions"])
             p = dict(
                 zip(
                     ordered_pairs(len(q["solutions"])),
-                    p_first(model, tokenizer, texts, accept, reject),
+                    p_first(model, tokenizer, hp, q["question"], q["solutions"]),
                     strict=True,
                 )
             )
