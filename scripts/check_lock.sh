@@ -9,14 +9,8 @@
 # for the machine it runs on) and reads metadata without downloading every wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-UV_VERSION=0.13.9
 PYTHON=${PYTHON:-python3}
-uv_venv=${XDG_CACHE_HOME:-$HOME/.cache}/nip-malt/uv-$UV_VERSION
-if [ ! -x "$uv_venv/bin/uv" ]; then
-  "$PYTHON" -m venv "$uv_venv"
-  "$uv_venv/bin/python" -m pip install --quiet --isolated --index-url https://pypi.org/simple \
-    "uv==$UV_VERSION"
-fi
+. scripts/uv_tool.sh
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 sed -n '/^# Installed without their dependencies:/,$p' requirements.lock >"$tmp/no-deps.txt"
@@ -30,7 +24,7 @@ for python in 3.11 3.12 3.13; do
       sed '/^# Installed without their dependencies:/,$d' "$lock" >"$tmp/main.txt"
       for check in "-r $tmp/main.txt ${extra[*]}" "--no-deps -r $tmp/no-deps.txt"; do
         # shellcheck disable=SC2086  # the words of $check are separate arguments
-        if ! out=$(MACOSX_DEPLOYMENT_TARGET=14.0 UV_NO_CONFIG=1 "$uv_venv/bin/uv" pip install \
+        if ! out=$(MACOSX_DEPLOYMENT_TARGET=14.0 UV_NO_CONFIG=1 uv pip install \
           --dry-run --require-hashes --no-cache --index-url https://pypi.org/simple \
           --python-version "$python" --python-platform "$platform" \
           --target "$tmp/target" $check 2>&1); then

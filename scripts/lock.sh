@@ -15,16 +15,10 @@
 # (everything) or `--upgrade-package NAME` to move them. scripts/check_lock.sh checks the result.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-UV_VERSION=0.13.9
 TORCH_WHEELS=${TORCH_WHEELS:-/opt/wheels}
 PYTHON=${PYTHON:-python3}
 
-uv_venv=${XDG_CACHE_HOME:-$HOME/.cache}/nip-malt/uv-$UV_VERSION
-if [ ! -x "$uv_venv/bin/uv" ]; then
-  "$PYTHON" -m venv "$uv_venv"
-  "$uv_venv/bin/python" -m pip install --quiet "uv==$UV_VERSION"
-fi
-uv() { "$uv_venv/bin/uv" "$@"; }
+. scripts/uv_tool.sh
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
