@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${LOWEST_VENV:-.venv-lowest}
 stamp=$venv/.installed-$(cat pyproject.toml requirements.lock requirements-lowest.lock \
-  scripts/setup.sh scripts/test_lowest_versions.sh | sha256sum | cut -c1-16)
+  requirements-cuda.lock scripts/setup.sh scripts/test_lowest_versions.sh | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   # The two locks differ in a handful of packages, so the main environment is copied (seconds)
   # and pip swaps those in, rather than installing all ~230 again (minutes).
@@ -27,8 +27,10 @@ if [ ! -f "$stamp" ]; then
   { grep -d skip -lI "^#!$main/bin/python" "$venv"/bin/* || true; } |
     xargs -r sed -i "1s|^#!$main/|#!$venv_abs/|"
   "$venv/bin/python" -m pip install --quiet --require-hashes --no-deps -r requirements-lowest.lock
-  # Whatever the main lock has and this one has not goes, so the environment is this lock exactly.
-  extra=$("$venv/bin/python" - requirements-lowest.lock <<'EOF'
+  # Whatever the main lock has and this one has not goes, so the environment is this lock exactly;
+  # where setup.sh installed PyPI's CUDA-enabled torch, its CUDA runtime (requirements-cuda.lock)
+  # stays, since the lowest lock keeps the same torch.
+  extra=$("$venv/bin/python" - requirements-lowest.lock requirements-cuda.lock <<'EOF'
 import re
 import sys
 from importlib.metadata import distributions
@@ -36,7 +38,11 @@ from importlib.metadata import distributions
 def norm(name):
     return re.sub(r"[-_.]+", "-", name).lower()
 
-locked = {norm(n) for n in re.findall(r"^([A-Za-z0-9][\w.-]*)==", open(sys.argv[1]).read(), re.M)}
+locked = {
+    norm(n)
+    for path in sys.argv[1:]
+    for n in re.findall(r"^([A-Za-z0-9][\w.-]*)==", open(path).read(), re.M)
+}
 print(*sorted({norm(d.metadata["Name"]) for d in distributions()} - locked - {"nip-malt"}))
 EOF
   )
