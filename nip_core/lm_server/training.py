@@ -332,7 +332,7 @@ def build_trainer(options, model, tokenizer, rows, output_dir, peft_config=None,
     if trainer_cls is SFTTrainer:
         # As the OpenAI API trains: the assistant's turns only, not the prompt they answer.
         rows = assistant_only_rows(tokenizer, rows)
-    return trainer_cls(
+    trainer = trainer_cls(
         model=model,
         args=trainer_config(options, output_dir, **overrides),
         train_dataset=Dataset.from_list(rows),
@@ -340,6 +340,11 @@ def build_trainer(options, model, tokenizer, rows, output_dir, peft_config=None,
         peft_config=peft_config,
         callbacks=list(callbacks),
     )
+    if not has_cuda():  # CUDA draws dropout masks in parallel already
+        from nip_core.lm_server.lora_dropout import use_bulk_random_dropout
+
+        use_bulk_random_dropout(trainer.model)
+    return trainer
 
 
 def save_result(trainer, tokenizer, output_dir: Path, strategy: str, parent: dict | None) -> str:
