@@ -72,4 +72,5 @@ exec "$venv/bin/python" -m pytest \
   tests/test_dpo_export_trains.py \
   tests/test_early_stop.py \
   tests/test_assistant_masks.py \
+  tests/test_lora_dropout.py \
   "$@"

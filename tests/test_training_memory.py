@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from nip_core.lm_server import training
 
@@ -68,7 +70,8 @@ def test_only_the_memory_bound_cpu_path_asks(monkeypatch, checkpointing, cuda, a
     monkeypatch.setattr(training, "SHARE_PAIR_PROMPTS", False)  # no model here to patch
     import trl
 
-    monkeypatch.setattr(trl, "DPOTrainer", lambda **k: "trainer")
+    trainer = SimpleNamespace(model=torch.nn.Linear(2, 2))  # no LoRA dropout to swap
+    monkeypatch.setattr(trl, "DPOTrainer", lambda **k: trainer)
     options = training.TrainingOptions(method="dpo")
-    assert training.build_trainer(options, None, None, [], "out") == "trainer"
+    assert training.build_trainer(options, None, None, [], "out") is trainer
     assert len(calls) == asked
