@@ -70,7 +70,10 @@ def test_only_the_memory_bound_cpu_path_asks(monkeypatch, checkpointing, cuda, a
     monkeypatch.setattr(training, "SHARE_PAIR_PROMPTS", False)  # no model here to patch
     import trl
 
-    trainer = SimpleNamespace(model=torch.nn.Linear(2, 2))  # no LoRA dropout to swap
+    # no LoRA dropout to swap
+    trainer = SimpleNamespace(
+        model=torch.nn.Linear(2, 2), args=SimpleNamespace(device=torch.device("cpu"))
+    )
     monkeypatch.setattr(trl, "DPOTrainer", lambda **k: trainer)
     options = training.TrainingOptions(method="dpo")
     assert training.build_trainer(options, None, None, [], "out") is trainer

@@ -340,7 +340,7 @@ def build_trainer(options, model, tokenizer, rows, output_dir, peft_config=None,
         peft_config=peft_config,
         callbacks=list(callbacks),
     )
-    if not has_cuda():  # CUDA draws dropout masks in parallel already
+    if trainer.args.device.type == "cpu":  # GPUs draw dropout masks in parallel already
         from nip_core.lm_server.lora_dropout import use_bulk_random_dropout
 
         use_bulk_random_dropout(trainer.model)
