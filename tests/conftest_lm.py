@@ -151,6 +151,19 @@ def dpo_lines(count: int = 8) -> list[dict]:
     ]
 
 
+def verdict_pairs(count: int = 2) -> list[dict]:
+    """TRL's conversational DPO rows (prompt, chosen, rejected), for trainers built directly:
+    a buggy function each, "reject" preferred to "accept"."""
+    return [
+        {
+            "prompt": [{"role": "user", "content": f"Is def f(x): return x - {i} correct?"}],
+            "chosen": [{"role": "assistant", "content": "Decision: reject"}],
+            "rejected": [{"role": "assistant", "content": "Decision: accept"}],
+        }
+        for i in range(count)
+    ]
+
+
 def kto_lines(count: int = 8) -> list[dict]:
     """Unpaired answers, two desirable to every undesirable one (KTO weighs the imbalance)."""
     return [

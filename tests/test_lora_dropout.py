@@ -8,7 +8,15 @@ import torch
 from nip_core.lm_server import training
 from nip_core.lm_server.lora_dropout import BulkRandomDropout, keep_mask, use_bulk_random_dropout
 from nip_core.lm_server.options import TrainingOptions
+from tests.conftest_lm import verdict_pairs
 from tests.tiny_model import build_tiny_model
+
+
+def lora_dropouts(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules of every LoRA dropout dict (PEFT's `lora_dropout`) in `model`."""
+    return [
+        d for m in model.modules() if hasattr(m, "lora_dropout") for d in m.lora_dropout.values()
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +68,9 @@ def test_every_lora_dropout_of_a_peft_model_is_swapped_with_its_p_and_mode(tiny_
     model, peft_config, _ = training.load_for_training(str(tiny_model_dir), None, options)
     peft_model = get_peft_model(model, peft_config)
     peft_model.train()
-    dicts = [m.lora_dropout for m in peft_model.modules() if hasattr(m, "lora_dropout")]
-    assert dicts and use_bulk_random_dropout(peft_model) == len(dicts)
-    swapped = [d for ds in dicts for d in ds.values()]
+    dropouts = lora_dropouts(peft_model)
+    assert dropouts and use_bulk_random_dropout(peft_model) == len(dropouts)
+    swapped = lora_dropouts(peft_model)
     assert all(type(d) is BulkRandomDropout and d.p == 0.05 and d.training for d in swapped)
     assert use_bulk_random_dropout(peft_model) == 0  # nothing left to swap
 
@@ -74,21 +82,9 @@ def test_the_cpu_trainer_trains_with_the_bulk_random_masks(tiny_model_dir, tmp_p
     )
     tokenizer = training.load_tokenizer(str(tiny_model_dir))
     model, peft_config, _ = training.load_for_training(str(tiny_model_dir), None, options)
-    rows = [
-        {
-            "prompt": [{"role": "user", "content": f"Is def f(x): return x - {i} correct?"}],
-            "chosen": [{"role": "assistant", "content": "Decision: reject"}],
-            "rejected": [{"role": "assistant", "content": "Decision: accept"}],
-        }
-        for i in range(2)
-    ]
+    rows = verdict_pairs()
     trainer = training.build_trainer(options, model, tokenizer, rows, str(tmp_path), peft_config)
-    dropouts = [
-        d
-        for m in trainer.model.modules()
-        if hasattr(m, "lora_dropout")
-        for d in m.lora_dropout.values()
-    ]
+    dropouts = lora_dropouts(trainer.model)
     assert dropouts and all(type(d) is BulkRandomDropout and d.p == 0.1 for d in dropouts)
     calls = []
     for d in dropouts:

@@ -10,6 +10,7 @@ import torch
 
 from nip_core.lm_server import training
 from nip_core.lm_server.options import OptionsError, TrainingOptions, parse_options
+from tests.conftest_lm import verdict_pairs
 from tests.tiny_model import build_tiny_model
 
 
@@ -53,14 +54,7 @@ def test_a_dpo_job_trains_only_the_top_layers_and_computes_no_gradient_below(
     tokenizer = training.load_tokenizer(str(tiny_model_dir))
     model, peft_config, strategy = training.load_for_training(str(tiny_model_dir), None, options)
     assert strategy == "new" and peft_config.layers_to_transform == [1]
-    rows = [
-        {
-            "prompt": [{"role": "user", "content": f"Is def f(x): return x - {i} correct?"}],
-            "chosen": [{"role": "assistant", "content": "Decision: reject"}],
-            "rejected": [{"role": "assistant", "content": "Decision: accept"}],
-        }
-        for i in range(2)
-    ]
+    rows = verdict_pairs()
     trainer = training.build_trainer(options, model, tokenizer, rows, str(tmp_path), peft_config)
     trained = {n: p for n, p in trainer.model.named_parameters() if p.requires_grad}
     assert trained and {_layer(n) for n in trained} == {1}
