@@ -22,7 +22,6 @@ question and the summary last; `--out` keeps both.
 """
 
 import argparse
-import difflib
 import json
 import sys
 import time
@@ -35,7 +34,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
+from nip_core.data.pairwise import changed_line_blocks  # noqa: E402
 from nip_core.data.splits import load_split  # noqa: E402
+from nip_core.experiment.probe import paired_accuracy  # noqa: E402
 from nip_core.lm_server.embedded_model import embedded_model_path  # noqa: E402
 from nip_core.parameters import HyperParameters  # noqa: E402
 from nip_core.parameters.loading import read_params_file  # noqa: E402
@@ -46,12 +47,10 @@ CUT = "    # <the missing part>"
 def changed_block(good: str, bad: str) -> tuple[list[str], list[str], list[str], list[str]] | None:
     """(lines before, correct block, buggy block, lines after) where two solutions differ in one
     block of lines; None where they differ in more than one."""
-    good_lines, bad_lines = good.splitlines(), bad.splitlines()
-    matcher = difflib.SequenceMatcher(a=good_lines, b=bad_lines, autojunk=False)
-    changes = [op for op in matcher.get_opcodes() if op[0] != "equal"]
+    changes = changed_line_blocks(good, bad)
     if len(changes) != 1:
         return None
-    _, a0, a1, b0, b1 = changes[0]
+    (a0, a1, b0, b1), good_lines, bad_lines = changes[0], good.splitlines(), bad.splitlines()
     return good_lines[:a0], good_lines[a0:a1], bad_lines[b0:b1], good_lines[a1:]
 
 
@@ -120,9 +119,13 @@ def question_scores(scorer: Scorer, question: str, good: str, bad: str) -> dict 
 
 
 def paired(rows: list[dict], reading: str) -> float:
-    good = np.array([r[f"{reading}_good"] for r in rows])
-    bad = np.array([r[f"{reading}_bad"] for r in rows])
-    return float(np.mean(np.where(good > bad, 1.0, np.where(good == bad, 0.5, 0.0))))
+    """The share of questions whose correct block scores higher under `reading` (ties half)."""
+    good = [r[f"{reading}_good"] for r in rows]
+    bad = [r[f"{reading}_bad"] for r in rows]
+    questions = list(range(len(rows)))
+    return paired_accuracy(
+        np.array(good + bad), np.array([1] * len(rows) + [0] * len(rows)), questions + questions
+    )
 
 
 def summary(rows: list[dict]) -> dict:

@@ -44,26 +44,14 @@ def twin_table(rows: pd.DataFrame, draws: int = 2000, seed: int = 0) -> pd.DataF
             p_accept=("p_accept", "mean"), y=("y", "first")
         )
         groups = list(zip(solutions["seed"], solutions["datapoint_id"] // 1000, strict=True))
-        outcomes = np.array(
-            [
-                o
-                for _, _, o in twin_outcomes(
-                    solutions["p_accept"].to_numpy(), solutions["y"].to_numpy(), groups
-                )
-            ]
-        )
-        if outcomes.size == 0:
+        twins = twin_outcomes(solutions["p_accept"].to_numpy(), solutions["y"].to_numpy(), groups)
+        if not twins:
             continue
+        outcomes = np.array([o for _, _, o in twins])
         boot = rng.choice(outcomes, size=(draws, outcomes.size)).mean(axis=1)
-        per_seed = {}
-        for s, part in solutions.groupby("seed"):
-            own = [
-                o
-                for _, _, o in twin_outcomes(
-                    part["p_accept"].to_numpy(), part["y"].to_numpy(), part["datapoint_id"] // 1000
-                )
-            ]
-            per_seed[int(s)] = round(float(np.mean(own)), 3) if own else float("nan")
+        seed_of = solutions["seed"].to_numpy()
+        by_seed = pd.Series(outcomes).groupby([int(seed_of[c]) for c, _, _ in twins]).mean()
+        per_seed = {int(s): round(float(v), 3) for s, v in by_seed.items()}
         records.append(
             {
                 "arm": arm,

@@ -70,18 +70,22 @@ def pairwise_frame(frame: pd.DataFrame) -> pd.DataFrame:
     return pairs.sort_values("id", kind="stable").reset_index(drop=True)
 
 
+def changed_line_blocks(first: str, second: str) -> list[tuple[int, int, int, int]]:
+    """Where two solutions differ, line by line: (a0, a1, b0, b1) for each changed block, lines
+    a0:a1 of `first` standing where `second` has b0:b1."""
+    import difflib
+
+    matcher = difflib.SequenceMatcher(a=first.splitlines(), b=second.splitlines(), autojunk=False)
+    return [(a0, a1, b0, b1) for tag, a0, a1, b0, b1 in matcher.get_opcodes() if tag != "equal"]
+
+
 def solution_difference(first: str, second: str) -> str:
     """Where two solutions differ, line by line: each changed block as Solution A has it, then as
     Solution B has it, with the line number in A. The contrast made local, for a verifier
     template (`solution_difference`): the model's relative trace of a bug sits in these lines."""
-    import difflib
-
     a_lines, b_lines = first.splitlines(), second.splitlines()
     blocks = []
-    matcher = difflib.SequenceMatcher(a=a_lines, b=b_lines, autojunk=False)
-    for tag, a0, a1, b0, b1 in matcher.get_opcodes():
-        if tag == "equal":
-            continue
+    for a0, a1, b0, b1 in changed_line_blocks(first, second):
         a_text = "\n".join(a_lines[a0:a1]) or "(nothing)"
         b_text = "\n".join(b_lines[b0:b1]) or "(nothing)"
         blocks.append(
