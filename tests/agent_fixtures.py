@@ -15,8 +15,14 @@ SOLUTION = 'n = int(input())\nif 0 < n and n < 10 & 15:\n    print("sum:", n * (
 QUESTION = "Read n (0 < n < 10) and print 'sum:' followed by 1 + 2 + ... + n."
 
 
-def make_datapoint(prover_stance: int = 1, y: int = 1) -> Datapoint:
-    return Datapoint(id=7, question=QUESTION, solution=SOLUTION, y=y, prover_stance=prover_stance)
+# Its buggy twin, for the protocols that show a pair (the first line differs).
+OTHER_SOLUTION = SOLUTION.replace("int(input())", "int(input()) - 1")
+
+
+def make_datapoint(prover_stance: int = 1, y: int = 1, pair: bool = False) -> Datapoint:
+    """The shared datapoint; `pair` adds its twin as the second solution."""
+    other = OTHER_SOLUTION if pair else None
+    return Datapoint(7, QUESTION, SOLUTION, y, prover_stance, other_solution=other)
 
 
 def make_params(**overrides: Any) -> PureTextAgentParameters:

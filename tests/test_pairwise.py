@@ -190,6 +190,13 @@ def test_a_pairwise_experiment_runs_on_the_dummy_backend(prefect_harness, tmp_pa
     nodes = set(pd.read_parquet(iteration / "nodes.parquet")["node_id"])
     assert len(rows) and not rows["guess_replaced"].any()
     assert set(rows["chosen_node_id"]) | set(rows["rejected_node_id"]) <= nodes
+    # the training rollouts showed both solutions (the batch file once dropped Solution B)
+    train = pd.read_parquet(iteration / "batch.parquet")
+    assert train["other_solution"].notna().all()
+    for prompt, point_id in zip(rows["prompt"], rows["datapoint_id"], strict=True):
+        other = train.loc[train["datapoint_id"] == point_id, "other_solution"].iloc[0]
+        shown_b = prompt[0]["content"].split("Solution B is:")[1]
+        assert other.strip() and other.strip() in shown_b
 
 
 def test_best_of_n_ranks_by_pairwise_votes_in_both_orders():

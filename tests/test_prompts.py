@@ -30,9 +30,13 @@ PARAMS = make_params()
 @pytest.mark.parametrize("randomise", [False, True])
 def test_every_prompt_renders_with_verbatim_code(name: str, randomise: bool) -> None:
     protocol = build_protocol(name, randomize_prover_stance=randomise)
+    datapoint = make_datapoint(pair=name in ("pairwise", "fill_in"))
     for agent in protocol.agent_names:
-        text = system_prompt(protocol, agent, PARAMS, make_datapoint(), episode_seed=3)
-        assert f"```python\n{SOLUTION}\n```" in text
+        text = system_prompt(protocol, agent, PARAMS, datapoint, episode_seed=3)
+        if name == "fill_in":  # the solution with its disputed first line cut out
+            assert f"```python\n# <the missing part>\n{SOLUTION.split(chr(10), 1)[1]}\n```" in text
+        else:
+            assert f"```python\n{SOLUTION}\n```" in text
         assert QUESTION in text
         assert "&lt;" not in text and "&amp;" not in text and "&#34;" not in text
         if agent != "verifier":
@@ -286,3 +290,9 @@ def test_guess_replacement(guess: int, text: str) -> None:
             0,
             replace_verifier_decision_with=guess,
         )
+
+
+def test_a_pair_protocol_refuses_a_datapoint_without_its_second_solution() -> None:
+    for name in ("pairwise", "fill_in"):
+        with pytest.raises(ValueError, match="no second solution"):
+            system_prompt(build_protocol(name), "verifier", PARAMS, make_datapoint(), 0)

@@ -13,7 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from nip_core.episode import ACCEPT, REJECT
+from nip_core.data.pairwise import disputed_part, nearer_version
+from nip_core.episode import ACCEPT, REJECT, Datapoint
 from nip_core.protocols import Protocol, active_channels, verifier_can_decide
 
 Verdict = Literal["accept", "reject"]
@@ -154,17 +155,40 @@ def split_by_headers(text: str, headers: dict[str, str]) -> dict[str, str]:
     return parts
 
 
+def written_verdict(text: str, datapoint: Datapoint | None) -> int:
+    """The fill-in verifier's verdict: ACCEPT if the part it wrote is nearer Solution A's
+    version, REJECT if nearer Solution B's; raises `InvalidResponse` if it is as near to both."""
+    if datapoint is None or datapoint.other_solution is None:
+        raise ValueError("a fill-in verdict needs the datapoint's two solutions")
+    part = disputed_part(datapoint.solution, datapoint.other_solution)
+    verdict = nearer_version(text, "\n".join(part.first), "\n".join(part.second))
+    if verdict is None:
+        raise InvalidResponse(
+            "the written part is as near to one version of the missing part as to the other; "
+            "write the missing lines of code"
+        )
+    return ACCEPT if verdict == 1 else REJECT
+
+
 def parse_response(
-    protocol: Protocol, agent_name: str, round: int, episode_seed: int, text: str
+    protocol: Protocol,
+    agent_name: str,
+    round: int,
+    episode_seed: int,
+    text: str,
+    datapoint: Datapoint | None = None,
 ) -> ParsedResponse:
     """The move `text` makes for `agent_name` in `round`; raises `InvalidResponse` if unusable.
 
     Only a verifier allowed to decide this round can decide; a prover's text is always just its
-    message, even if it quotes "Decision: accept".
+    message, even if it quotes "Decision: accept". In the fill-in protocol the verifier's text
+    is code, and `datapoint` (its two solutions) turns it into a verdict.
     """
     spec = protocol.agent(agent_name)
     if not text or not text.strip():
         raise InvalidResponse("the response is empty")
+    if protocol.name == "fill_in" and spec.is_verifier:
+        return ParsedResponse(messages={}, decision=written_verdict(text, datapoint))
     if spec.is_verifier and verifier_can_decide(protocol, round, episode_seed):
         verdict = parse_decision(text)
         if verdict is not None:

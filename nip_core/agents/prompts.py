@@ -23,7 +23,13 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, Template, TemplateNotFound
 
-from nip_core.data.pairwise import solution_difference
+from nip_core.data.pairwise import (
+    disputed_part,
+    masked_solution,
+    shows_pairs,
+    solution_difference,
+    version_reply,
+)
 from nip_core.episode import ACCEPT, DECISION_NAMES, REJECT, ChannelMessage, Datapoint, Turn
 from nip_core.parameters.agents import PureTextAgentParameters
 from nip_core.protocols import (
@@ -99,6 +105,11 @@ def prompt_variables(
 ) -> dict[str, Any]:
     """Every variable a system-prompt template may use (also for custom templates)."""
     spec = protocol.agent(agent_name)
+    if shows_pairs(protocol.name) and datapoint.other_solution is None:
+        raise ValueError(
+            f"datapoint {datapoint.id} has no second solution, which the {protocol.name!r} "
+            "protocol shows; its batch or split lost the pair's other_solution"
+        )
     provers = [protocol.agent(name) for name in protocol.prover_names]
     stances = {
         p.human_name: stance_string(agent_stance(protocol, p.name, datapoint.prover_stance))
@@ -112,10 +123,16 @@ def prompt_variables(
     return {
         "question": datapoint.question,
         "solution": datapoint.solution,
-        "other_solution": datapoint.other_solution or "",
+        "other_solution": datapoint.other_solution or "",  # checked above where a pair is shown
         "solution_difference": (
             solution_difference(datapoint.solution, datapoint.other_solution)
             if datapoint.other_solution is not None
+            else ""
+        ),
+        "masked_solution": (
+            masked_solution(datapoint.solution, datapoint.other_solution)
+            if datapoint.other_solution is not None
+            and datapoint.other_solution != datapoint.solution
             else ""
         ),
         "max_response_words": agent_params.max_response_words,
@@ -299,6 +316,19 @@ def verdict_text(verdict: int) -> str:
     return f"Decision: {stance_string(verdict)}"
 
 
+def verdict_reply(protocol: Protocol, datapoint: Datapoint, verdict: int) -> str:
+    """The verifier's reply that gives `verdict` and nothing else, in the protocol's form: the
+    written verdict, or in the fill-in protocol the version of the missing part it stands for
+    (Solution A's to accept, Solution B's to reject)."""
+    if protocol.name != "fill_in":
+        return verdict_text(verdict)
+    if datapoint.other_solution is None:
+        raise ValueError(f"datapoint {datapoint.id}: a fill-in verdict needs two solutions")
+    part = disputed_part(datapoint.solution, datapoint.other_solution)
+    stance_string(verdict)  # a clear error for anything but ACCEPT or REJECT
+    return version_reply(part.first if verdict == ACCEPT else part.second)
+
+
 def training_conversation(
     protocol: Protocol,
     agent_name: str,
@@ -327,5 +357,5 @@ def training_conversation(
     if replace_verifier_decision_with is not None:
         if not protocol.agent(agent_name).is_verifier:
             raise ValueError(f"only the verifier's decision can be replaced, not {agent_name!r}")
-        content = verdict_text(replace_verifier_decision_with)
+        content = verdict_reply(protocol, datapoint, replace_verifier_decision_with)
     return chat + [{"role": "assistant", "content": content}]

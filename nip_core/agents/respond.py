@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from nip_core.agents.clients import ChatClient, SamplingParams
 from nip_core.agents.parsing import InvalidResponse, ParsedResponse, parse_response
+from nip_core.episode import Datapoint
 from nip_core.parameters.agents import PureTextAgentParameters
 from nip_core.protocols import Protocol
 from nip_core.seeding import stable_int
@@ -53,10 +54,15 @@ def attempt_seed(seed: int, attempt: int) -> int:
 
 
 def _try_parse(
-    protocol: Protocol, agent_name: str, round: int, episode_seed: int, text: str
+    protocol: Protocol,
+    agent_name: str,
+    round: int,
+    episode_seed: int,
+    text: str,
+    datapoint: Datapoint | None,
 ) -> ParsedResponse | InvalidResponse:
     try:
-        return parse_response(protocol, agent_name, round, episode_seed, text)
+        return parse_response(protocol, agent_name, round, episode_seed, text, datapoint)
     except InvalidResponse as error:
         return error
 
@@ -86,10 +92,12 @@ async def generate_responses(
     round: int,
     episode_seed: int,
     seed: int,
+    datapoint: Datapoint | None = None,
 ) -> list[AgentResponse]:
     """`n` parsed responses of `agent_name` to `chat`, in sample order.
 
     Client errors (network, rate limits) propagate; only parse failures are retried here.
+    `datapoint` is needed where a verdict is read against the solutions (the fill-in protocol).
     """
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
@@ -98,7 +106,7 @@ async def generate_responses(
         raise ValueError(f"num_invalid_generation_retries must be >= 0, got {max_retries}")
     texts = await _sample(client, chat, model, n, sampling_params(agent_params, seed))
     results: list[ParsedResponse | InvalidResponse] = [
-        _try_parse(protocol, agent_name, round, episode_seed, text) for text in texts
+        _try_parse(protocol, agent_name, round, episode_seed, text, datapoint) for text in texts
     ]
     retries = [0] * n
     for attempt in range(1, max_retries + 1):
@@ -110,7 +118,7 @@ async def generate_responses(
         for index, text in zip(pending, fresh, strict=True):
             texts[index] = text
             retries[index] += 1
-            results[index] = _try_parse(protocol, agent_name, round, episode_seed, text)
+            results[index] = _try_parse(protocol, agent_name, round, episode_seed, text, datapoint)
     return [_response(texts[i], results[i], retries[i]) for i in range(n)]
 
 

@@ -7,14 +7,22 @@ across questions (`docs/results/probe-grades/`). The pairwise protocol gives the
 contrast: each question with a correct and a buggy solution becomes two datapoints, the correct
 one shown first (`y` = 1, the verifier should accept Solution A) and second (`y` = 0, it should
 reject Solution A for Solution B). Every pair is seen in both orders, so a verifier that answers
-by position scores exactly 0.5, and its accuracy by order shows any position bias. Pure.
+by position scores exactly 0.5, and its accuracy by order shows any position bias.
+
+The fill-in protocol uses the same pairs differently: the verifier sees the solution with the
+part where the two differ cut out (`masked_solution`) and writes that part; its verdict is the
+version its writing is nearer (`nearer_version`). Pure.
 """
 
 from __future__ import annotations
 
+import difflib
+import re
+from typing import NamedTuple
+
 import pandas as pd
 
-PAIRWISE_PROTOCOLS: tuple[str, ...] = ("pairwise",)
+PAIRWISE_PROTOCOLS: tuple[str, ...] = ("pairwise", "fill_in")
 PAIR_COLUMNS = ("id", "question", "solution", "other_solution", "y", "prover_stance")
 
 
@@ -73,8 +81,6 @@ def pairwise_frame(frame: pd.DataFrame) -> pd.DataFrame:
 def changed_line_blocks(first: str, second: str) -> list[tuple[int, int, int, int]]:
     """Where two solutions differ, line by line: (a0, a1, b0, b1) for each changed block, lines
     a0:a1 of `first` standing where `second` has b0:b1."""
-    import difflib
-
     matcher = difflib.SequenceMatcher(a=first.splitlines(), b=second.splitlines(), autojunk=False)
     return [(a0, a1, b0, b1) for tag, a0, a1, b0, b1 in matcher.get_opcodes() if tag != "equal"]
 
@@ -92,3 +98,77 @@ def solution_difference(first: str, second: str) -> str:
             f"At line {a0 + 1} of Solution A:\nSolution A has:\n{a_text}\nSolution B has:\n{b_text}"
         )
     return "\n\n".join(blocks) or "(the two solutions are the same)"
+
+
+class DisputedPart(NamedTuple):
+    """Two solutions split where they differ: the lines they share before and after, and the one
+    span of lines between, as each has it (neither empty)."""
+
+    before: list[str]
+    first: list[str]
+    second: list[str]
+    after: list[str]
+
+
+def disputed_part(first: str, second: str) -> DisputedPart:
+    """The smallest span of lines covering every place two solutions differ, widened by a shared
+    line where one of them has nothing there (an inserted or deleted line), so each version of
+    the span is code a verifier can write. Raises ValueError for identical solutions."""
+    changes = changed_line_blocks(first, second)
+    if not changes:
+        raise ValueError("the two solutions are the same; there is no disputed part")
+    a_lines, b_lines = first.splitlines(), second.splitlines()
+    a0, b0 = changes[0][0], changes[0][2]
+    a1, b1 = changes[-1][1], changes[-1][3]
+    while a1 == a0 or b1 == b0:  # widen by the shared line before, else the one after
+        if a0 > 0 and b0 > 0:
+            a0, b0 = a0 - 1, b0 - 1
+        elif a1 < len(a_lines) and b1 < len(b_lines):
+            a1, b1 = a1 + 1, b1 + 1
+        else:
+            break
+    return DisputedPart(a_lines[:a0], a_lines[a0:a1], b_lines[b0:b1], a_lines[a1:])
+
+
+MISSING_PART_MARKER = "# <the missing part>"
+
+
+def masked_solution(first: str, second: str) -> str:
+    """The first solution with its disputed part cut out: one marker line, indented as the
+    part's first line, stands where the two solutions differ (the shared lines are the same in
+    both, so this shows neither version)."""
+    part = disputed_part(first, second)
+    indent = re.match(r"[ \t]*", part.first[0] if part.first else "").group(0)
+    return "\n".join([*part.before, indent + MISSING_PART_MARKER, *part.after])
+
+
+def _normalised(code: str) -> str:
+    return "\n".join(" ".join(line.split()) for line in code.splitlines() if line.strip())
+
+
+def written_code(text: str) -> str:
+    """The code in a reply: the first fenced block's body if it has one (an unclosed fence runs
+    to the end), else the whole text."""
+    match = re.search(r"```[^\n`]*\n(.*?)(?:```|\Z)", text, re.DOTALL)
+    return match.group(1) if match else text
+
+
+def nearer_version(text: str, first: str, second: str) -> int | None:
+    """1 if the code written in `text` is nearer `first`, 0 if nearer `second`, None if it is
+    as near to both (or both versions read the same). Nearness is difflib's similarity ratio
+    over the code with indentation and runs of spaces ignored, so a writing that keeps the
+    correct comparison but renames a variable still lands on its side."""
+    code, a, b = _normalised(written_code(text)), _normalised(first), _normalised(second)
+    if a == b:
+        return None
+    ratio_a = difflib.SequenceMatcher(None, code, a, autojunk=False).ratio()
+    ratio_b = difflib.SequenceMatcher(None, code, b, autojunk=False).ratio()
+    if ratio_a == ratio_b:
+        return None
+    return 1 if ratio_a > ratio_b else 0
+
+
+def version_reply(code_lines: list[str]) -> str:
+    """A reply that writes one version of the disputed part and nothing else: what the
+    verifier's verdict is scored and trained as in the fill-in protocol."""
+    return "```python\n" + "\n".join(code_lines) + "\n```"

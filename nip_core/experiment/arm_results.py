@@ -56,7 +56,7 @@ def score_verdicts(
         params, model = context.agent_params[verifier], context.models[verifier]
         scores = score_replies(params, model, scored_chats(episodes))
         name = verdicts_file(stem)
-        table = verdict_table(episodes, scores)
+        table = verdict_table(episodes, scores, per_token=context.protocol.name == "fill_in")
         return {name: write_parquet(paths.fs, paths.iteration_file(it, name), table)}, {
             "scored": scores is not None
         }

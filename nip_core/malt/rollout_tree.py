@@ -153,6 +153,7 @@ async def _node_children(
                 round_,
                 item.episode_seed,
                 call_seed(settings.run_seed, settings.iteration, node.node_id, agent),
+                datapoint=item.datapoint,
             )
         if progress is not None:
             progress(round_, 0, 1)
@@ -265,6 +266,7 @@ def batch_table(items: Sequence[BatchItem]) -> pa.Table:
             "y": it.datapoint.y,
             "prover_stance": it.datapoint.prover_stance,
             "episode_seed": it.episode_seed,
+            "other_solution": it.datapoint.other_solution,
         }
         for it in items
     ]
@@ -272,6 +274,9 @@ def batch_table(items: Sequence[BatchItem]) -> pa.Table:
 
 
 def batch_items(table: pa.Table) -> list[BatchItem]:
+    """The batch file's items. A file written before the batch kept `other_solution` (a pair's
+    second solution) reads it as None; a protocol that shows pairs then refuses to build its
+    prompt (`nip_core.agents.prompts.prompt_variables`) instead of showing an empty one."""
     return [
         BatchItem(
             batch_index=row["batch_index"],
@@ -281,6 +286,7 @@ def batch_items(table: pa.Table) -> list[BatchItem]:
                 solution=row["solution"],
                 y=row["y"],
                 prover_stance=row["prover_stance"],
+                other_solution=row.get("other_solution"),
             ),
             episode_seed=row["episode_seed"],
         )

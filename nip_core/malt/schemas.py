@@ -19,6 +19,8 @@ BATCH = pa.schema(
         ("y", pa.int64()),
         ("prover_stance", pa.int64()),
         ("episode_seed", pa.int64()),
+        # the second solution of a pair (pairwise and fill-in protocols); null elsewhere
+        ("other_solution", pa.string()),
     ]
 )
 

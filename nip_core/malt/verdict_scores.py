@@ -1,8 +1,8 @@
 """The verifier's probability of accepting, read off an evaluated episode without sampling.
 
 After the same conversation the verifier decided in, the served model scores the two verdicts
-("Decision: accept" and "Decision: reject"); P(accept) is the softmax of the two
-log-probabilities. The verdicts differ in one token, so this is the model's accept-vs-reject odds
+("Decision: accept" and "Decision: reject"; in the fill-in protocol the two versions of the
+missing part); P(accept) is the softmax of the two log-probabilities. The verdicts differ in one token, so this is the model's accept-vs-reject odds
 at the verdict. AUC of this probability against the label shows whether a model ranks correct
 code above buggy code even when it answers one verdict every time. Pure.
 """
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from nip_core.agents.prompts import verdict_text
+from nip_core.agents.prompts import verdict_reply
 from nip_core.episode import ACCEPT, REJECT
 from nip_core.malt.dataset_export import ExportContext, agent_chat, leaf_indices
 from nip_core.malt.rollout_tree import history, turns_by_node
@@ -46,7 +46,15 @@ def verdict_conversations(
         accept, reject = (
             None
             if chat is None
-            else fold_speaker_names([*chat[:-1], {"role": "assistant", "content": verdict_text(v)}])
+            else fold_speaker_names(
+                [
+                    *chat[:-1],
+                    {
+                        "role": "assistant",
+                        "content": verdict_reply(context.protocol, item.datapoint, v),
+                    },
+                ]
+            )
             for v in (ACCEPT, REJECT)
         )
         out.append((node_ids[leaf], item.datapoint.id, accept, reject))
@@ -61,15 +69,23 @@ def accept_probability(logprob_accept: float, logprob_reject: float) -> float:
 def verdict_table(
     episodes: Sequence[tuple[str, int, list[dict] | None, list[dict] | None]],
     scores: Sequence[tuple[float, int]] | None,
+    per_token: bool = False,
 ) -> pa.Table:
     """One row per episode; `scores` holds (accept, reject) score pairs, in order, for the
-    episodes with chats (None: the provider cannot score, every p_accept null)."""
+    episodes with chats (None: the provider cannot score, every p_accept null).
+
+    `per_token` compares the two replies' mean log-probability per token instead of their sums:
+    for the fill-in protocol, whose two verdict replies are versions of the missing part of
+    different lengths (the frozen model ranks a question's versions right for 0.848 of medium
+    validation questions per token and 0.636 summed, docs/results/probe-line-choice)."""
     scored = iter(scores or [])
     rows = []
     for leaf_id, datapoint_id, accept, reject in episodes:
         p = None
         if scores is not None and accept is not None and reject is not None:
-            (lp_accept, _), (lp_reject, _) = next(scored), next(scored)
+            (lp_accept, n_accept), (lp_reject, n_reject) = next(scored), next(scored)
+            if per_token:
+                lp_accept, lp_reject = lp_accept / max(n_accept, 1), lp_reject / max(n_reject, 1)
             p = accept_probability(lp_accept, lp_reject)
         rows.append({"leaf_node_id": leaf_id, "datapoint_id": datapoint_id, "p_accept": p})
     return pa.Table.from_pylist(rows, schema=VERDICT_SCHEMA)

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nip_core.agents.prompts import verdict_text
+from nip_core.agents.prompts import verdict_reply
 from nip_core.episode import ACCEPT, REJECT
 from nip_core.malt.dataset_export import (
     ExportContext,
@@ -89,8 +89,12 @@ def guess_replaced_pairs(
             {
                 "openai_prompt": openai_messages(prompt),
                 "prompt": fold_speaker_names(prompt),
-                "chosen": assistant_reply(verdict_text(truth)),
-                "rejected": assistant_reply(verdict_text(REJECT if truth == ACCEPT else ACCEPT)),
+                "chosen": assistant_reply(verdict_reply(context.protocol, item.datapoint, truth)),
+                "rejected": assistant_reply(
+                    verdict_reply(
+                        context.protocol, item.datapoint, REJECT if truth == ACCEPT else ACCEPT
+                    )
+                ),
                 "iteration": context.iteration,
                 "agent": verifier,
                 "datapoint_id": item.datapoint.id,

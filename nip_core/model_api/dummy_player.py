@@ -14,6 +14,7 @@ import random
 import re
 import string
 
+FILL_IN_MARKER = "# <the missing part>"  # the fill-in verifier's prompt shows it
 _DECISION_RE = re.compile(r"decision:\s*accept", re.IGNORECASE)
 _REJECT_RE = re.compile(r"decision:\s*reject", re.IGNORECASE)
 _HEADER_RE = re.compile(r"Question for ([A-Za-z0-9_]+):")
@@ -22,6 +23,17 @@ _MUST_DECIDE_RE = re.compile(  # nip's, our protocols' and the supervisor's "dec
     r"|\bcannot ask any more questions\b|\bnow with your (?:decision|verdict)\b",
     re.IGNORECASE,
 )
+
+
+def _fill_in_reply(rng: random.Random, system: str, p_invalid: float) -> str:
+    """A fill-in verifier's writing: a line of the shown solution with a word changed (so it
+    lands nearer one version or the other), or, as an invalid reply, an empty code block."""
+    if rng.random() < p_invalid:
+        return "```python\n```"
+    code = re.search(r"```python\n(.*?)```", system, re.DOTALL)
+    lines = [line for line in (code.group(1) if code else "").splitlines() if line.strip()]
+    line = rng.choice(lines) if lines else ""
+    return f"```python\n{line} {_words(rng, 1).lower()}\n```"
 
 
 def _is_verifier_prompt(system: str) -> bool:
@@ -74,6 +86,7 @@ def dummy_reply(
 ) -> str:
     """The `index`-th sampled reply to `messages` (pure).
 
+    A fill-in verifier (its prompt shows a solution with a part cut out) writes a line of code.
     Verifier prompts get a decision (1/5 accept, 1/5 reject) or a question, one line per
     "Question for <Name>:" header; other prompts get "Answer: ...". A fraction
     `invalid_probability` of verifier replies is malformed so retry paths run; a trailing
@@ -83,6 +96,8 @@ def dummy_reply(
     blob = json.dumps([seed, request_seed, convo, index], ensure_ascii=False).encode()
     rng = random.Random(int.from_bytes(hashlib.sha256(blob).digest(), "big"))
     system = messages[0]["content"] if messages[0].get("role") == "system" else ""
+    if FILL_IN_MARKER in system:
+        return _fill_in_reply(rng, system, invalid_probability)
     if not _is_verifier_prompt(system):
         return f"Answer: {_words(rng)}."
     headers = _question_headers(system)

@@ -1,5 +1,6 @@
 """The interaction protocols: nip's six (nip, adp, debate, merlin_arthur, mnip, solo_verifier)
-and our pairwise verifier (two solutions to one question: which is correct?).
+and our two pair verifiers: pairwise (two solutions to one question: which is correct?) and
+fill-in (the solution with the part where the two differ cut out: the verifier writes it).
 
 A protocol is a frozen `Protocol` record built by `make_protocol(hyper_params)`; everything it
 does is a pure function of (protocol, round, episode seed, decision):

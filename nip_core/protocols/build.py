@@ -176,6 +176,25 @@ def _pairwise(hp: Any) -> Protocol:
     )
 
 
+def _fill_in(hp: Any) -> Protocol:
+    """Fill-in: no experts; the verifier sees one question's solution with the part where its
+    two solutions differ cut out, and in a single round writes that part itself. Its verdict is
+    the version its writing is nearer: accepting Solution A's, or rejecting it for Solution B's
+    (`nip_core.data.pairwise.nearer_version`). It is told where to look, never shown either
+    version, so no order can bias it."""
+    fields = rules_of(hp.protocol_common) | {"verifier_first": True}
+    return Protocol(
+        "fill_in",
+        (_verifier((MAIN_CHANNEL,)),),
+        (MAIN_CHANNEL,),
+        max_message_rounds=1,
+        min_message_rounds=1,
+        max_verifier_questions=0,
+        stance_randomisable=False,
+        **fields,
+    )
+
+
 _BUILDERS: dict[str, Callable[[Any], Protocol]] = {
     "nip": _nip,
     "adp": _adp,
@@ -184,6 +203,7 @@ _BUILDERS: dict[str, Callable[[Any], Protocol]] = {
     "mnip": _mnip,
     "solo_verifier": _solo_verifier,
     "pairwise": _pairwise,
+    "fill_in": _fill_in,
 }
 PROTOCOL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 
