@@ -9,6 +9,9 @@ SmolLM2-135M-Instruct and no sampling, which of the two blocks the model prefers
   per token (the likelihood baseline made local to where the twins differ).
 - `chat_write`: a chat whose user turn asks for the function and whose assistant turn writes
   it: the same continuation scored inside the assistant's reply (does the chat format keep it?).
+- `chat_fill`: the solution shown with the block cut out, "Write the missing part only.", no
+  version listed; the log-probability of the assistant writing each version (a verifier that
+  judges by filling the gap: its reading needs no order).
 - `chat_choose`: the solution shown with the block cut out, both versions listed ("Version 1",
   "Version 2", each order once), "Which version makes the function correct? Write that version
   only."; the log-probability of the assistant copying each version (a verifier that judges by
@@ -101,6 +104,14 @@ def question_scores(scorer: Scorer, question: str, good: str, bad: str) -> dict 
         "bad": "\n".join(bad_block) or "(nothing)",
     }
     masked = "\n".join([*before, CUT, *after])
+    fill_prefix = scorer.chat_prefix(
+        f"{question}\n\nHere is a solution with one part missing:\n```python\n{masked}\n```\n\n"
+        "Write the missing part only."
+    )
+    for name in ("good", "bad"):
+        out[f"chat_fill_sum_{name}"], out[f"chat_fill_mean_{name}"] = scorer.continuation(
+            fill_prefix, f"```python\n{shown[name]}\n```"
+        )
     for order, (first, second) in enumerate((("good", "bad"), ("bad", "good"))):
         user = (
             f"{question}\n\nHere is a solution with one part missing:\n```python\n{masked}\n```\n\n"
@@ -131,7 +142,7 @@ def paired(rows: list[dict], reading: str) -> float:
 def summary(rows: list[dict]) -> dict:
     out = {"questions": len(rows)}
     for kind in ("sum", "mean"):
-        for reading in ("code", "chat_write"):
+        for reading in ("code", "chat_write", "chat_fill"):
             out[f"{reading}_{kind}"] = paired(rows, f"{reading}_{kind}")
         by_order = [paired(rows, f"chat_choose{order}_{kind}") for order in (0, 1)]
         out[f"chat_choose_{kind}"] = float(np.mean(by_order))

@@ -6,13 +6,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
-from flows.experiment import main as experiment_main
 from nip_core.agents import chat_messages
 from nip_core.agents.parsing import InvalidResponse, parse_response
 from nip_core.agents.prompts import training_conversation, verdict_reply
-from nip_core.data import datapoints
 from nip_core.data.pairwise import (
     MISSING_PART_MARKER,
     disputed_part,
@@ -20,28 +17,19 @@ from nip_core.data.pairwise import (
     nearer_version,
     written_code,
 )
-from nip_core.data.splits import load_split
 from nip_core.episode import ACCEPT, REJECT, Datapoint, Turn
 from nip_core.model_api.dummy_player import FILL_IN_MARKER, dummy_reply
 from nip_core.parameters import HyperParameters
 from nip_core.protocols import active_agents, make_protocol, step_outcome
+from tests.test_pairwise import hyper as pairwise_hyper
+from tests.test_pairwise import one_pair_in_both_orders, run_dummy_pair_experiment
 
 GOOD = "def last(xs):\n    n = len(xs)\n    return xs[n - 1]\n"
 BAD = "def last(xs):\n    n = len(xs)\n    return xs[n]\n"
 
 
 def hyper(**overrides) -> HyperParameters:
-    data = {
-        "scenario": "code_validation",
-        "trainer": "pure_text_malt",
-        "dataset": "humaneval-buggy",
-        "dataset_options": {"difficulty": "medium", "solution_docstring": "dropped"},
-        "interaction_protocol": "fill_in",
-        "seed": 5,
-        "agents": {"_default": {"use_dummy_api": True}},
-        "text_rl": {"validation_fraction": 0.2},
-    }
-    return HyperParameters.from_dict(data | overrides)
+    return pairwise_hyper(**({"interaction_protocol": "fill_in"} | overrides))
 
 
 def point(correct_first: bool) -> Datapoint:
@@ -112,11 +100,7 @@ def test_a_fill_in_verdict_needs_the_two_solutions():
 
 
 def test_both_orders_of_a_pair_show_the_verifier_the_same_prompt():
-    hp = hyper()
-    protocol, params = make_protocol(hp), hp.agents["_default"]
-    points = datapoints(load_split(hp, "test"))
-    first = next(p for p in points if p.y == 1)
-    swapped = next(p for p in points if p.y == 0 and p.other_solution == first.solution)
+    protocol, params, first, swapped = one_pair_in_both_orders(hyper())
     prompts = [chat_messages(protocol, "verifier", params, p, [], 0, 0) for p in (first, swapped)]
     assert prompts[0] == prompts[1]  # no order to be biased by
     text = prompts[0][0]["content"]
@@ -166,32 +150,7 @@ def test_the_dummy_writes_code_for_a_fill_in_prompt():
 
 
 def test_a_fill_in_experiment_runs_on_the_dummy_backend(prefect_harness, tmp_path: Path):
-    config = {
-        "scenario": "code_validation",
-        "trainer": "pure_text_malt",
-        "dataset": "humaneval-buggy",
-        "dataset_options": {"difficulty": "medium", "solution_docstring": "dropped"},
-        "interaction_protocol": "fill_in",
-        "seed": 11,
-        "agents": {"_default": {"use_dummy_api": True}},
-        "rl": {"rollouts_per_iteration": 8},
-        "text_rl": {"validation_fraction": 0.2},
-        "pure_text_malt": {
-            "num_responses_per_timestep": 4,
-            "verifier_training_signal": "sampled_pairs",
-        },
-        "experiment": {
-            "iterations": 1,
-            "samples_per_test_datapoint": 1,
-            "bootstrap_resamples": 50,
-            "arms": {"malt": {}},
-        },
-    }
-    path = tmp_path / "fill_in.yaml"
-    path.write_text(yaml.safe_dump(config))
-    args = ["--config", str(path), "--artifacts-root", str(tmp_path), "--run-name", "fi"]
-    assert experiment_main([*args, "--no-wandb"]) == 0
-    folder = tmp_path / "fi"
+    folder = run_dummy_pair_experiment("fill_in", tmp_path)
     malt = pd.read_parquet(folder / "experiment.parquet").query("arm == 'malt'")
     assert malt["y"].mean() == 0.5 and len(malt) == 68  # every test pair, both orders
     assert malt["decided"].mean() > 0.5  # the dummy's writings become verdicts

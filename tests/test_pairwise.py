@@ -46,6 +46,37 @@ def hyper(**overrides) -> HyperParameters:
     return HyperParameters.from_dict(data | overrides)
 
 
+def run_dummy_pair_experiment(protocol: str, root: Path) -> Path:
+    """Runs a one-iteration `malt` experiment of a pair protocol on the dummy backend (medium
+    grade, seed 11, sampled pairs only) under `root`; its folder."""
+    config = {
+        "scenario": "code_validation",
+        "trainer": "pure_text_malt",
+        "dataset": "humaneval-buggy",
+        "dataset_options": {"difficulty": "medium", "solution_docstring": "dropped"},
+        "interaction_protocol": protocol,
+        "seed": 11,
+        "agents": {"_default": {"use_dummy_api": True}},
+        "rl": {"rollouts_per_iteration": 8},
+        "text_rl": {"validation_fraction": 0.2},
+        "pure_text_malt": {
+            "num_responses_per_timestep": 4,
+            "verifier_training_signal": "sampled_pairs",
+        },
+        "experiment": {
+            "iterations": 1,
+            "samples_per_test_datapoint": 1,
+            "bootstrap_resamples": 50,
+            "arms": {"malt": {}},
+        },
+    }
+    path = root / f"{protocol}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    args = ["--config", str(path), "--artifacts-root", str(root), "--run-name", protocol]
+    assert experiment_main([*args, "--no-wandb"]) == 0
+    return root / protocol
+
+
 def test_every_correct_buggy_pair_is_shown_in_both_orders():
     pairs = pairwise_frame(ROWS)
     # p1: one pair, p2: two (one per buggy row), p3: no buggy row, no pair; two orders each
@@ -94,12 +125,17 @@ def test_one_verifier_round_rewards_naming_the_correct_solution():
     assert step_outcome(protocol, 0, None, 1, 1, 3).terminated
 
 
-def test_the_prompt_shows_solution_a_then_solution_b():
-    hp = hyper()
+def one_pair_in_both_orders(hp: HyperParameters):
+    """(protocol, verifier parameters, a test pair correct-first, the same pair swapped)."""
     protocol, params = make_protocol(hp), hp.agents["_default"]
     points = datapoints(load_split(hp, "test"))
     correct_first = next(p for p in points if p.y == 1)
     swapped = next(p for p in points if p.y == 0 and p.other_solution == correct_first.solution)
+    return protocol, params, correct_first, swapped
+
+
+def test_the_prompt_shows_solution_a_then_solution_b():
+    protocol, params, correct_first, swapped = one_pair_in_both_orders(hyper())
     for point in (correct_first, swapped):
         prompt = chat_messages(protocol, "verifier", params, point, [], 0, 0)[0]["content"]
         a, b = prompt.index("Solution A is:"), prompt.index("Solution B is:")
@@ -151,32 +187,7 @@ def test_likelihood_baseline_picks_the_solution_the_model_finds_likelier():
 
 
 def test_a_pairwise_experiment_runs_on_the_dummy_backend(prefect_harness, tmp_path: Path):
-    config = {
-        "scenario": "code_validation",
-        "trainer": "pure_text_malt",
-        "dataset": "humaneval-buggy",
-        "dataset_options": {"difficulty": "medium", "solution_docstring": "dropped"},
-        "interaction_protocol": "pairwise",
-        "seed": 11,
-        "agents": {"_default": {"use_dummy_api": True}},
-        "rl": {"rollouts_per_iteration": 8},
-        "text_rl": {"validation_fraction": 0.2},
-        "pure_text_malt": {
-            "num_responses_per_timestep": 4,
-            "verifier_training_signal": "sampled_pairs",
-        },
-        "experiment": {
-            "iterations": 1,
-            "samples_per_test_datapoint": 1,
-            "bootstrap_resamples": 50,
-            "arms": {"malt": {}},
-        },
-    }
-    path = tmp_path / "pairwise.yaml"
-    path.write_text(yaml.safe_dump(config))
-    args = ["--config", str(path), "--artifacts-root", str(tmp_path), "--run-name", "pw"]
-    assert experiment_main([*args, "--no-wandb"]) == 0
-    folder = tmp_path / "pw"
+    folder = run_dummy_pair_experiment("pairwise", tmp_path)
     experiment = pd.read_parquet(folder / "experiment.parquet")
     # every test pair in both orders, for the trained arm and the reference arms alike
     malt = experiment[experiment["arm"] == "malt"]

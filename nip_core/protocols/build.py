@@ -139,6 +139,21 @@ def _merlin_arthur(hp: Any) -> Protocol:
     )
 
 
+def _verifier_alone(hp: Any, name: str) -> Protocol:
+    """The shape of the protocols without experts: the verifier alone, one round."""
+    fields = rules_of(hp.protocol_common) | {"verifier_first": True}
+    return Protocol(
+        name,
+        (_verifier((MAIN_CHANNEL,)),),
+        (MAIN_CHANNEL,),
+        max_message_rounds=1,
+        min_message_rounds=1,
+        max_verifier_questions=0,
+        stance_randomisable=False,
+        **fields,
+    )
+
+
 def _solo_verifier(hp: Any) -> Protocol:
     """Solo verifier: no experts; the verifier judges the solution alone in a single round.
 
@@ -146,34 +161,14 @@ def _solo_verifier(hp: Any) -> Protocol:
     round 0 anyway; we use one round, so "the last round" and "round 0" coincide and the generic
     termination rule needs no special case.
     """
-    fields = rules_of(hp.protocol_common) | {"verifier_first": True}
-    return Protocol(
-        "solo_verifier",
-        (_verifier((MAIN_CHANNEL,)),),
-        (MAIN_CHANNEL,),
-        max_message_rounds=1,
-        min_message_rounds=1,
-        max_verifier_questions=0,
-        stance_randomisable=False,
-        **fields,
-    )
+    return _verifier_alone(hp, "solo_verifier")
 
 
 def _pairwise(hp: Any) -> Protocol:
     """Pairwise: no experts; the verifier sees two solutions to one question, exactly one of
     them correct, and in a single round accepts Solution A (the first) or rejects it for
     Solution B (`nip_core.data.pairwise` shows every pair in both orders)."""
-    fields = rules_of(hp.protocol_common) | {"verifier_first": True}
-    return Protocol(
-        "pairwise",
-        (_verifier((MAIN_CHANNEL,)),),
-        (MAIN_CHANNEL,),
-        max_message_rounds=1,
-        min_message_rounds=1,
-        max_verifier_questions=0,
-        stance_randomisable=False,
-        **fields,
-    )
+    return _verifier_alone(hp, "pairwise")
 
 
 def _fill_in(hp: Any) -> Protocol:
@@ -182,17 +177,7 @@ def _fill_in(hp: Any) -> Protocol:
     the version its writing is nearer: accepting Solution A's, or rejecting it for Solution B's
     (`nip_core.data.pairwise.nearer_version`). It is told where to look, never shown either
     version, so no order can bias it."""
-    fields = rules_of(hp.protocol_common) | {"verifier_first": True}
-    return Protocol(
-        "fill_in",
-        (_verifier((MAIN_CHANNEL,)),),
-        (MAIN_CHANNEL,),
-        max_message_rounds=1,
-        min_message_rounds=1,
-        max_verifier_questions=0,
-        stance_randomisable=False,
-        **fields,
-    )
+    return _verifier_alone(hp, "fill_in")
 
 
 _BUILDERS: dict[str, Callable[[Any], Protocol]] = {
