@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, defaultdict
+from dataclasses import fields, replace
 
 import pytest
 
@@ -308,6 +309,10 @@ def test_invalid_response_is_resampled():
 def test_batch_table_round_trip_and_history():
     items = make_items(3)
     assert batch_items(batch_table(items)) == items
+    # every Datapoint field survives, a pair's second solution included (it was once dropped)
+    pair = replace(items[0], datapoint=replace(items[0].datapoint, other_solution="pass"))
+    assert all(getattr(pair.datapoint, f.name) is not None for f in fields(Datapoint))
+    assert batch_items(batch_table([pair])) == [pair]
     ctx = make_context("nip", "nip_protocol.max_message_rounds=3")
     table = grow(ctx, DummyChatClient(0, invalid_probability=0.0), items)
     index = turns_by_node(table)

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from nip_core.data.pairwise import disputed_part, nearer_version
+from nip_core.data.pairwise import datapoint_disputed_part, nearer_version, writes_disputed_part
 from nip_core.episode import ACCEPT, REJECT, Datapoint
 from nip_core.protocols import Protocol, active_channels, verifier_can_decide
 
@@ -158,9 +158,9 @@ def split_by_headers(text: str, headers: dict[str, str]) -> dict[str, str]:
 def written_verdict(text: str, datapoint: Datapoint | None) -> int:
     """The fill-in verifier's verdict: ACCEPT if the part it wrote is nearer Solution A's
     version, REJECT if nearer Solution B's; raises `InvalidResponse` if it is as near to both."""
-    if datapoint is None or datapoint.other_solution is None:
+    if datapoint is None:
         raise ValueError("a fill-in verdict needs the datapoint's two solutions")
-    part = disputed_part(datapoint.solution, datapoint.other_solution)
+    part = datapoint_disputed_part(datapoint)
     verdict = nearer_version(text, "\n".join(part.first), "\n".join(part.second))
     if verdict is None:
         raise InvalidResponse(
@@ -187,7 +187,7 @@ def parse_response(
     spec = protocol.agent(agent_name)
     if not text or not text.strip():
         raise InvalidResponse("the response is empty")
-    if protocol.name == "fill_in" and spec.is_verifier:
+    if writes_disputed_part(protocol.name) and spec.is_verifier:
         return ParsedResponse(messages={}, decision=written_verdict(text, datapoint))
     if spec.is_verifier and verifier_can_decide(protocol, round, episode_seed):
         verdict = parse_decision(text)

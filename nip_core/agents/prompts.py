@@ -24,11 +24,13 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, Template, TemplateNotFound
 
 from nip_core.data.pairwise import (
-    disputed_part,
+    MISSING_PART_MARKER,
+    datapoint_disputed_part,
     masked_solution,
     shows_pairs,
     solution_difference,
     version_reply,
+    writes_disputed_part,
 )
 from nip_core.episode import ACCEPT, DECISION_NAMES, REJECT, ChannelMessage, Datapoint, Turn
 from nip_core.parameters.agents import PureTextAgentParameters
@@ -135,6 +137,7 @@ def prompt_variables(
             and datapoint.other_solution != datapoint.solution
             else ""
         ),
+        "missing_part_marker": MISSING_PART_MARKER,
         "max_response_words": agent_params.max_response_words,
         "max_questions": max(0, protocol.max_verifier_questions - 1),
         "num_rounds": protocol.max_message_rounds,
@@ -320,11 +323,9 @@ def verdict_reply(protocol: Protocol, datapoint: Datapoint, verdict: int) -> str
     """The verifier's reply that gives `verdict` and nothing else, in the protocol's form: the
     written verdict, or in the fill-in protocol the version of the missing part it stands for
     (Solution A's to accept, Solution B's to reject)."""
-    if protocol.name != "fill_in":
+    if not writes_disputed_part(protocol.name):
         return verdict_text(verdict)
-    if datapoint.other_solution is None:
-        raise ValueError(f"datapoint {datapoint.id}: a fill-in verdict needs two solutions")
-    part = disputed_part(datapoint.solution, datapoint.other_solution)
+    part = datapoint_disputed_part(datapoint)
     stance_string(verdict)  # a clear error for anything but ACCEPT or REJECT
     return version_reply(part.first if verdict == ACCEPT else part.second)
 

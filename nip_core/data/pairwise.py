@@ -22,6 +22,8 @@ from typing import NamedTuple
 
 import pandas as pd
 
+from nip_core.episode import Datapoint
+
 PAIRWISE_PROTOCOLS: tuple[str, ...] = ("pairwise", "fill_in")
 PAIR_COLUMNS = ("id", "question", "solution", "other_solution", "y", "prover_stance")
 
@@ -29,6 +31,12 @@ PAIR_COLUMNS = ("id", "question", "solution", "other_solution", "y", "prover_sta
 def shows_pairs(protocol_name: str) -> bool:
     """Whether the protocol's datapoints are solution pairs."""
     return protocol_name in PAIRWISE_PROTOCOLS
+
+
+def writes_disputed_part(protocol_name: str) -> bool:
+    """Whether the protocol's verifier gives its verdict by writing the disputed part (fill-in)
+    rather than by stating it."""
+    return protocol_name == "fill_in"
 
 
 def pair_id(buggy_id: int, correct_first: bool) -> int:
@@ -128,6 +136,16 @@ def disputed_part(first: str, second: str) -> DisputedPart:
         else:
             break
     return DisputedPart(a_lines[:a0], a_lines[a0:a1], b_lines[b0:b1], a_lines[a1:])
+
+
+def datapoint_disputed_part(datapoint: Datapoint) -> DisputedPart:
+    """`disputed_part` of a pair datapoint (Solution A first); a clear error where it has no
+    second solution."""
+    if datapoint.other_solution is None:
+        raise ValueError(
+            f"datapoint {datapoint.id}: a fill-in verdict needs the pair's two solutions"
+        )
+    return disputed_part(datapoint.solution, datapoint.other_solution)
 
 
 MISSING_PART_MARKER = "# <the missing part>"

@@ -13,6 +13,7 @@ import pandas as pd
 import pyarrow as pa
 
 from nip_core.agents.message_scores import score_replies
+from nip_core.data.pairwise import writes_disputed_part
 from nip_core.data.splits import load_split
 from nip_core.experiment.reference import fit_rule, likelihood_rows, reference_rows
 from nip_core.experiment.rows import experiment_rows
@@ -56,7 +57,8 @@ def score_verdicts(
         params, model = context.agent_params[verifier], context.models[verifier]
         scores = score_replies(params, model, scored_chats(episodes))
         name = verdicts_file(stem)
-        table = verdict_table(episodes, scores, per_token=context.protocol.name == "fill_in")
+        per_token = writes_disputed_part(context.protocol.name)  # versions of unequal length
+        table = verdict_table(episodes, scores, per_token=per_token)
         return {name: write_parquet(paths.fs, paths.iteration_file(it, name), table)}, {
             "scored": scores is not None
         }

@@ -1,9 +1,10 @@
 """The verifier's probability of accepting, read off an evaluated episode without sampling.
 
 After the same conversation the verifier decided in, the served model scores the two verdicts
-("Decision: accept" and "Decision: reject"; in the fill-in protocol the two versions of the
-missing part); P(accept) is the softmax of the two log-probabilities. The verdicts differ in one token, so this is the model's accept-vs-reject odds
-at the verdict. AUC of this probability against the label shows whether a model ranks correct
+("Decision: accept" and "Decision: reject"); P(accept) is the softmax of the two
+log-probabilities. The verdicts differ in one token, so this is the model's accept-vs-reject odds
+at the verdict. In the fill-in protocol the two verdicts are the two versions of the missing part
+(`verdict_reply`), compared per token. AUC of this probability against the label shows whether a model ranks correct
 code above buggy code even when it answers one verdict every time. Pure.
 """
 
