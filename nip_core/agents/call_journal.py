@@ -21,11 +21,12 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from fsspec.implementations.local import LocalFileSystem
+
+from nip_core.agents.chat_client import sampling_key_fields
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ def call_key(messages: list[dict], model: str, n: int, sampling: Any) -> str:
         "messages": messages,
         "model": model,
         "n": n,
-        "sampling": asdict(sampling) if sampling is not None else None,
+        "sampling": sampling_key_fields(sampling) if sampling is not None else None,
     }
     blob = json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()
     return hashlib.sha256(blob).hexdigest()

@@ -22,6 +22,9 @@ class SamplingParams:
     max_tokens: int | None = None
     seed: int | None = None
     repetition_penalty: float | None = None
+    # The texts the reply must be one of, drawn by the model's score of each (our server's
+    # extension, `nip_core.lm_server.candidates`); None: a free reply.
+    candidates: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.temperature is not None and self.temperature < 0:
@@ -32,6 +35,10 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.repetition_penalty is not None and self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.candidates is not None and (
+            len(set(self.candidates)) < 2 or len(set(self.candidates)) != len(self.candidates)
+        ):
+            raise ValueError(f"candidates must be 2 or more distinct texts, got {self.candidates}")
 
 
 @runtime_checkable
@@ -74,9 +81,23 @@ class EndpointUnreachableError(ConnectionError):
         self.url = url
 
 
+def sampling_key_fields(sampling: Any) -> dict:
+    """A call's sampling settings (a dataclass) as call keys hash them: `candidates` only where
+    set, so the keys of free replies are what they were before that field existed."""
+    fields = asdict(sampling)
+    if fields.get("candidates", ()) is None:
+        del fields["candidates"]
+    return fields
+
+
 def request_digest(messages: list[dict], model: str, n: int, sampling: SamplingParams) -> str:
     """Stable sha256 of everything a call's answer depends on (same across processes)."""
-    payload = {"messages": messages, "model": model, "n": n, "sampling": asdict(sampling)}
+    payload = {
+        "messages": messages,
+        "model": model,
+        "n": n,
+        "sampling": sampling_key_fields(sampling),
+    }
     blob = json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()
     return hashlib.sha256(blob).hexdigest()
 

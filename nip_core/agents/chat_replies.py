@@ -52,11 +52,13 @@ def request_body(
     messages: list[dict], model: str, n: int, sampling: SamplingParams, seed: int | None
 ) -> dict[str, Any]:
     """The JSON body of a `/chat/completions` request, sending only what is set
-    (`repetition_penalty` is an extension vLLM and our server read)."""
+    (`repetition_penalty` is an extension vLLM and our server read, `candidates` our server's)."""
     body: dict[str, Any] = {"model": model, "messages": messages, "n": n}
     optional = (("temperature", sampling.temperature), ("top_p", sampling.top_p))
     optional += (("max_tokens", sampling.max_tokens), ("seed", seed))
     optional += (("repetition_penalty", sampling.repetition_penalty),)
+    candidates = list(sampling.candidates) if sampling.candidates is not None else None
+    optional += (("candidates", candidates),)
     body.update({name: value for name, value in optional if value is not None})
     return body
 

@@ -41,6 +41,7 @@ class DummyChatClient:
             request_seed=sampling.seed,
             index=index,
             invalid_probability=self.invalid_probability,
+            candidates=sampling.candidates,
         )
 
     async def complete(

@@ -8,10 +8,11 @@ reference wrote "" on every channel, which collided with other agents' messages 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from nip_core.agents.clients import ChatClient, SamplingParams
 from nip_core.agents.parsing import InvalidResponse, ParsedResponse, parse_response
+from nip_core.data.pairwise import chooses_disputed_part, datapoint_disputed_part, version_reply
 from nip_core.episode import Datapoint
 from nip_core.parameters.agents import PureTextAgentParameters
 from nip_core.protocols import Protocol
@@ -78,7 +79,25 @@ async def _sample(
     texts = await client.complete(chat, model, n, sampling)
     if len(texts) != n:
         raise RuntimeError(f"model client returned {len(texts)} completions, expected {n}")
+    if sampling.candidates is not None and not set(texts) <= set(sampling.candidates):
+        raise RuntimeError(
+            f"model {model!r} answered outside the candidates it was given: its provider "
+            "ignores `candidates` (only our self-hosted server and the dummy API draw from them)"
+        )
     return list(texts)
+
+
+def reply_candidates(
+    protocol: Protocol, agent_name: str, datapoint: Datapoint | None
+) -> tuple[str, ...] | None:
+    """The texts the agent's reply must be one of, where its protocol closes the reply: the
+    choosing fill-in verifier writes Solution A's or Solution B's version of the missing part."""
+    if not (chooses_disputed_part(protocol.name) and protocol.agent(agent_name).is_verifier):
+        return None
+    if datapoint is None:
+        raise ValueError(f"the {protocol.name!r} verifier's reply needs its datapoint")
+    part = datapoint_disputed_part(datapoint)
+    return (version_reply(part.first), version_reply(part.second))
 
 
 async def generate_responses(
@@ -104,7 +123,9 @@ async def generate_responses(
     max_retries = agent_params.num_invalid_generation_retries
     if max_retries < 0:
         raise ValueError(f"num_invalid_generation_retries must be >= 0, got {max_retries}")
-    texts = await _sample(client, chat, model, n, sampling_params(agent_params, seed))
+    candidates = reply_candidates(protocol, agent_name, datapoint)
+    sampling = replace(sampling_params(agent_params, seed), candidates=candidates)
+    texts = await _sample(client, chat, model, n, sampling)
     results: list[ParsedResponse | InvalidResponse] = [
         _try_parse(protocol, agent_name, round, episode_seed, text, datapoint) for text in texts
     ]
@@ -113,7 +134,9 @@ async def generate_responses(
         pending = [i for i, result in enumerate(results) if isinstance(result, InvalidResponse)]
         if not pending:
             break
-        sampling = sampling_params(agent_params, attempt_seed(seed, attempt))
+        sampling = replace(
+            sampling_params(agent_params, attempt_seed(seed, attempt)), candidates=candidates
+        )
         fresh = await _sample(client, chat, model, len(pending), sampling)
         for index, text in zip(pending, fresh, strict=True):
             texts[index] = text

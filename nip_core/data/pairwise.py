@@ -24,7 +24,7 @@ import pandas as pd
 
 from nip_core.episode import Datapoint
 
-PAIRWISE_PROTOCOLS: tuple[str, ...] = ("pairwise", "fill_in")
+PAIRWISE_PROTOCOLS: tuple[str, ...] = ("pairwise", "fill_in", "fill_in_choice")
 PAIR_COLUMNS = ("id", "question", "solution", "other_solution", "y", "prover_stance")
 
 
@@ -35,8 +35,14 @@ def shows_pairs(protocol_name: str) -> bool:
 
 def writes_disputed_part(protocol_name: str) -> bool:
     """Whether the protocol's verifier gives its verdict by writing the disputed part (fill-in)
-    rather than by stating it."""
-    return protocol_name == "fill_in"
+    rather than by stating it (fill-in, written freely or chosen)."""
+    return protocol_name in ("fill_in", "fill_in_choice")
+
+
+def chooses_disputed_part(protocol_name: str) -> bool:
+    """Whether the verifier's reply is one of the two versions of the disputed part, drawn by
+    its own probability of writing each (`fill_in_choice`), rather than any text it writes."""
+    return protocol_name == "fill_in_choice"
 
 
 def pair_id(buggy_id: int, correct_first: bool) -> int:

@@ -20,7 +20,13 @@ from fastapi import FastAPI, Request, UploadFile
 from fastapi.responses import JSONResponse
 
 import nip_core
-from nip_core.lm_server.engines.base import AdapterError, ChatRequest, InferenceEngine
+from nip_core.lm_server.candidates import check_candidates, draw_candidates
+from nip_core.lm_server.engines.base import (
+    AdapterError,
+    ChatChoice,
+    ChatRequest,
+    InferenceEngine,
+)
 from nip_core.lm_server.jobs import JobError, JobManager, public_job
 from nip_core.lm_server.store import StateDir
 from nip_core.model_api.chat_format import fold_speaker_names
@@ -236,7 +242,10 @@ def _add_model_routes(
     async def chat(request: Request):
         body = await _json_body(request)
         chat_request = _chat_request(body, engine_name(body.get("model")))
-        choices = await engine.chat(chat_request)
+        if body.get("candidates") is not None:
+            choices = await _chosen_replies(engine, chat_request, body["candidates"])
+        else:
+            choices = await engine.chat(chat_request)
         return _completion(engine, body["model"], chat_request, choices)
 
     @app.post("/v1/chat/score")
@@ -254,6 +263,24 @@ def _add_model_routes(
             for i, (logprob, tokens) in enumerate(scores)
         ]
         return {"object": "list", "model": body["model"], "data": data}
+
+
+async def _chosen_replies(
+    engine: InferenceEngine, request: ChatRequest, candidates: Any
+) -> list[ChatChoice]:
+    """`request.n` replies drawn from `candidates` by the model's scores of each as the reply
+    (ours, `nip_core.lm_server.candidates`)."""
+    try:
+        texts = check_candidates(candidates)
+    except ValueError as exc:
+        raise JobError(str(exc), 400, "candidates") from None
+    scorer = getattr(engine, "score", None)
+    if scorer is None:
+        raise JobError(f"the {engine.name} engine cannot score candidates", 501, "candidates")
+    chats = [[*request.messages, {"role": "assistant", "content": text}] for text in texts]
+    scores = await scorer(request.model, chats)
+    drawn = draw_candidates(scores, request.n, request.temperature, request.seed)
+    return [ChatChoice(texts[i], "stop") for i in drawn]
 
 
 def _completion(engine: InferenceEngine, model: str, request: ChatRequest, choices: list) -> dict:

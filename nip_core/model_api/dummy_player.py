@@ -83,10 +83,11 @@ def dummy_reply(
     request_seed: int | None,
     index: int,
     invalid_probability: float,
+    candidates: tuple[str, ...] | None = None,
 ) -> str:
     """The `index`-th sampled reply to `messages` (pure).
 
-    A fill-in verifier (its prompt shows a solution with a part cut out) writes a line of code.
+    Given `candidates`, the reply is one of them, drawn evenly. A fill-in verifier (its prompt shows a solution with a part cut out) writes a line of code.
     Verifier prompts get a decision (1/5 accept, 1/5 reject) or a question, one line per
     "Question for <Name>:" header; other prompts get "Answer: ...". A fraction
     `invalid_probability` of verifier replies is malformed so retry paths run; a trailing
@@ -95,6 +96,8 @@ def dummy_reply(
     convo = [[m["role"], m["content"], m.get("name")] for m in messages]
     blob = json.dumps([seed, request_seed, convo, index], ensure_ascii=False).encode()
     rng = random.Random(int.from_bytes(hashlib.sha256(blob).digest(), "big"))
+    if candidates:
+        return rng.choice(candidates)
     system = messages[0]["content"] if messages[0].get("role") == "system" else ""
     if FILL_IN_MARKER in system:
         return _fill_in_reply(rng, system, invalid_probability)

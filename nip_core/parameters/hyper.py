@@ -40,7 +40,15 @@ from nip_core.parameters.versions import (
 ScenarioType = Literal["code_validation"]
 TrainerType = Literal["pure_text_ei", "pure_text_malt"]
 InteractionProtocolType = Literal[
-    "nip", "adp", "debate", "merlin_arthur", "mnip", "solo_verifier", "pairwise", "fill_in"
+    "nip",
+    "adp",
+    "debate",
+    "merlin_arthur",
+    "mnip",
+    "solo_verifier",
+    "pairwise",
+    "fill_in",
+    "fill_in_choice",
 ]
 
 

@@ -180,6 +180,16 @@ def _fill_in(hp: Any) -> Protocol:
     return _verifier_alone(hp, "fill_in")
 
 
+def _fill_in_choice(hp: Any) -> Protocol:
+    """Fill-in by choice: the fill-in prompt, but the verifier's reply is one of the two
+    versions of the missing part, drawn by its own probability of writing each (per token, at
+    their mean length: `nip_core.lm_server.candidates`). A free writing is mostly a rewritten
+    function or prose, near neither version; drawn from the two, the reply is always one of
+    them, so every sampled pair contrasts the two versions. Neither version is shown in the
+    prompt, so no order can bias it. Needs a provider that scores (our server, the dummy)."""
+    return _verifier_alone(hp, "fill_in_choice")
+
+
 _BUILDERS: dict[str, Callable[[Any], Protocol]] = {
     "nip": _nip,
     "adp": _adp,
@@ -189,6 +199,7 @@ _BUILDERS: dict[str, Callable[[Any], Protocol]] = {
     "solo_verifier": _solo_verifier,
     "pairwise": _pairwise,
     "fill_in": _fill_in,
+    "fill_in_choice": _fill_in_choice,
 }
 PROTOCOL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 

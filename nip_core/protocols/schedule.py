@@ -51,7 +51,7 @@ def _channels_for(
                 return (MAIN_CHANNEL,) if is_verifier else ()
             chosen = "prover0" if episode_seed % 2 == 0 else "prover1"
             return (MAIN_CHANNEL,) if agent_name == chosen else ()
-        case "solo_verifier" | "pairwise" | "fill_in":
+        case "solo_verifier" | "pairwise" | "fill_in" | "fill_in_choice":
             return (MAIN_CHANNEL,) if round == 0 else ()
     raise ValueError(f"unknown protocol {protocol.name!r}")
 
