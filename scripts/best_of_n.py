@@ -7,10 +7,12 @@
 The candidates of a test question are its distinct solutions in humaneval-buggy: the correct
 one and the buggy ones of every grade (the easy stub, the medium, hard and mixed mutations),
 3 to 5 per question, shown as the config shows solutions. Every ordered pair goes to the
-verifier in the pairwise protocol's own prompt (`nip_core.agents.prompts`), and P(Solution A is
-correct) is the softmax of its log-probabilities of the replies "Decision: accept" and "Decision:
-reject" (`nip_core.malt.verdict_scores`, the experiments' verdict scores, scored by the server's
-own `message_logprobs`). Each candidate's
+verifier in the config's pair protocol's own prompt (`nip_core.agents.prompts`; a solo config
+is shown in the pairwise one), and P(Solution A is correct) is the softmax of its
+log-probabilities of its two verdict replies, "Decision: accept" and "Decision: reject", or in
+the fill-in protocols the two versions of the disputed part per token
+(`nip_core.malt.verdict_scores`, the experiments' verdict scores, scored by the server's own
+`message_logprobs`). Each candidate's
 score sums its probability of being the correct one over both orders of every pair
 (`nip_core.experiment.best_of_n`), and a question is solved when its top-ranked candidate is the
 correct one. Beside each verifier (the frozen base model, and every `--adapter` on it): the
@@ -37,14 +39,15 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from nip_core.agents import chat_messages  # noqa: E402
-from nip_core.agents.prompts import verdict_text  # noqa: E402
+from nip_core.agents.prompts import verdict_reply  # noqa: E402
 from nip_core.data.loaders import humaneval_file, shown_solutions  # noqa: E402
+from nip_core.data.pairwise import shows_pairs, writes_disputed_part  # noqa: E402
 from nip_core.episode import ACCEPT, REJECT, Datapoint  # noqa: E402
 from nip_core.experiment.arm_results import solution_reply  # noqa: E402
 from nip_core.experiment.best_of_n import ordered_pairs, round_robin_scores, share_solved  # noqa: E402
 from nip_core.lm_server.embedded_model import embedded_model_path  # noqa: E402
 from nip_core.lm_server.engines.hf_scoring import message_logprobs  # noqa: E402
-from nip_core.malt.verdict_scores import accept_probability  # noqa: E402
+from nip_core.malt.verdict_scores import verdict_table  # noqa: E402
 from nip_core.model_api.chat_format import fold_speaker_names  # noqa: E402
 from nip_core.parameters import HyperParameters  # noqa: E402
 from nip_core.parameters.loading import read_params_file  # noqa: E402
@@ -85,20 +88,20 @@ def mean_logprobs(model, tokenizer, question: str, solutions: list[str]) -> list
 @torch.no_grad()
 def p_first(model, tokenizer, hp, question: str, solutions: list[str]) -> list[float]:
     """P(Solution A is correct) for every ordered pair of `solutions` (`ordered_pairs` order):
-    the verifier's prompt, then the two verdict replies scored."""
+    the verifier's prompt, then its two verdict replies scored (in the fill-in protocols the two
+    versions of the disputed part, compared per token, as the experiments' P(accept))."""
     protocol, params = make_protocol(hp), hp.agents["_default"]
     chats = []
     for first, second in ordered_pairs(len(solutions)):
         point = Datapoint(0, question, solutions[first], 1, 1, other_solution=solutions[second])
         prompt = chat_messages(protocol, "verifier", params, point, [], 0, 0)
         for verdict in (ACCEPT, REJECT):
-            reply = {"role": "assistant", "content": verdict_text(verdict)}
+            reply = {"role": "assistant", "content": verdict_reply(protocol, point, verdict)}
             chats.append(fold_speaker_names([*prompt, reply]))
     scores = message_logprobs(model, tokenizer, chats, model.device)
-    return [
-        accept_probability(accept[0], reject[0])
-        for accept, reject in zip(scores[::2], scores[1::2], strict=True)
-    ]
+    episodes = [("", 0, [], [])] * (len(scores) // 2)
+    table = verdict_table(episodes, scores, per_token=writes_disputed_part(protocol.name))
+    return table.column("p_accept").to_pylist()
 
 
 def main() -> None:
@@ -113,7 +116,8 @@ def main() -> None:
     args = parser.parse_args()
     data = read_params_file(args.config)
     data.pop("experiment", None)
-    data["interaction_protocol"] = "pairwise"
+    if not shows_pairs(data.get("interaction_protocol", "nip")):
+        data["interaction_protocol"] = "pairwise"  # a solo config: its prompt settings, in pairs
     hp = HyperParameters.from_dict(data)
     docstring = hp.dataset_options.solution_docstring
     questions = candidates(args.split, docstring)[: args.limit]
