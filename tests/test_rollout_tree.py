@@ -319,3 +319,19 @@ def test_batch_table_round_trip_and_history():
     deepest = max(table.column("node_id").to_pylist(), key=lambda n: n.count("."))
     turns = history(index, deepest)
     assert [t.round for t in turns] == list(range(deepest.count(".")))
+
+
+def test_a_rollout_temperature_heats_training_rollouts_only():
+    from nip_core.play.episodes import evaluation_settings
+
+    own = make_context("nip")
+    assert rollout_settings(own, {}).agent_params == own.agent_params  # unset: the agents' own
+    hot = make_context("nip", "pure_text_malt.rollout_temperature=1.7")
+    rollouts = rollout_settings(hot, {}).agent_params
+    assert {p.temperature for p in rollouts.values()} == {1.7}
+    assert all(p.top_p is None for p in rollouts.values())
+    evaluation = evaluation_settings(hot, {}, "test").agent_params
+    assert evaluation == hot.agent_params  # evaluations and the guard sample as the agents do
+    assert {p.temperature for p in evaluation.values()} != {1.7}
+    with pytest.raises(ValueError, match="rollout_temperature"):
+        make_context("nip", "pure_text_malt.rollout_temperature=2.5")

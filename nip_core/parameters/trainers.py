@@ -115,6 +115,11 @@ class PureTextMaltParameters(BaseParameters):
     `kto_rows_per_parent` of them per parent and agent (half of each kind where there are
     enough), trained by TRL's KTO on our self-hosted server (the OpenAI API has no KTO); the
     verifier's rows are balanced by label like its pairs.
+
+    `rollout_temperature` (ours) samples the training rollouts at that temperature instead of
+    each agent's own (None); evaluations and the switch guard keep the agent's. A pair needs
+    both outcomes among a parent's K samples: a model sure of its answer gives none, wrong or
+    right, and a hotter draw reaches the questions it is wrongly sure of.
     """
 
     num_responses_per_timestep: int = 2
@@ -130,6 +135,7 @@ class PureTextMaltParameters(BaseParameters):
     balance_verifier_by_label: bool = False
     training_objective: Literal["dpo", "kto"] = "dpo"
     kto_rows_per_parent: int = 2
+    rollout_temperature: float | None = None
 
     @property
     def trains_on_sampled_verifier_pairs(self) -> bool:

@@ -146,6 +146,8 @@ def _malt_rules(p: Any) -> None:
         1.0,
         open_low=True,
     )
+    if p.rollout_temperature is not None:  # the OpenAI API's and our server's range
+        _in_range(type(p).__name__, "rollout_temperature", p.rollout_temperature, 0.0, 2.0)
 
 
 @rule("PureTextEiParameters")

@@ -75,12 +75,24 @@ def replayed_calls(clients: dict[str, object]) -> int:
     return sum(c.replayed for c in unique if isinstance(c, JournaledClient))
 
 
+def rollout_agent_params(context: IterationContext) -> dict:
+    """The agents' settings in training rollouts: their own, at `pure_text_malt.rollout_temperature`
+    where that is set (top_p then unset: an agent sets at most one of the two)."""
+    temperature = context.hyper_params.pure_text_malt.rollout_temperature
+    if temperature is None:
+        return context.agent_params
+    return {
+        name: dataclasses.replace(params, temperature=temperature, top_p=None)
+        for name, params in context.agent_params.items()
+    }
+
+
 def rollout_settings(context: IterationContext, clients: dict[str, object]) -> RolloutSettings:
     """Training's settings: K responses per turn, call seeds that change with the iteration."""
     hp = context.hyper_params
     return RolloutSettings(
         protocol=context.protocol,
-        agent_params=context.agent_params,
+        agent_params=rollout_agent_params(context),
         models=context.models,
         clients=clients,
         frozen_agents=context.frozen_agents,
@@ -93,7 +105,8 @@ def rollout_settings(context: IterationContext, clients: dict[str, object]) -> R
 
 
 def evaluation_settings(context: IterationContext, clients: dict, split: str) -> RolloutSettings:
-    """Training's settings with one response per turn and evaluation-specific call seeds.
+    """Training's settings with one response per turn, the agents' own sampling settings and
+    evaluation-specific call seeds.
 
     Call seeds ignore the iteration (common random numbers): every evaluation of a run asks each
     prompt with the same seed, so a model that did not change answers exactly as before, and
@@ -101,6 +114,7 @@ def evaluation_settings(context: IterationContext, clients: dict, split: str) ->
     """
     return dataclasses.replace(
         rollout_settings(context, clients),
+        agent_params=context.agent_params,
         num_responses_per_timestep=1,
         run_seed=evaluation_seed(context.hyper_params.seed, split),
         iteration=0,
