@@ -10,6 +10,7 @@ import pytest
 
 from nip_core.agents import chat_messages, system_prompt, training_conversation
 from nip_core.agents.prompts import supervisor_fires
+from nip_core.data.pairwise import shows_pairs, writes_disputed_part
 from nip_core.episode import ACCEPT, REJECT
 from nip_core.protocols import PROTOCOL_NAMES, channel_order
 from tests.agent_fixtures import (
@@ -30,10 +31,10 @@ PARAMS = make_params()
 @pytest.mark.parametrize("randomise", [False, True])
 def test_every_prompt_renders_with_verbatim_code(name: str, randomise: bool) -> None:
     protocol = build_protocol(name, randomize_prover_stance=randomise)
-    datapoint = make_datapoint(pair=name in ("pairwise", "fill_in"))
+    datapoint = make_datapoint(pair=shows_pairs(name))
     for agent in protocol.agent_names:
         text = system_prompt(protocol, agent, PARAMS, datapoint, episode_seed=3)
-        if name == "fill_in":  # the solution with its disputed first line cut out
+        if writes_disputed_part(name):  # the solution with its disputed first line cut out
             assert f"```python\n# <the missing part>\n{SOLUTION.split(chr(10), 1)[1]}\n```" in text
         else:
             assert f"```python\n{SOLUTION}\n```" in text
