@@ -47,7 +47,7 @@ from nip_core.experiment.arm_results import solution_reply  # noqa: E402
 from nip_core.experiment.best_of_n import ordered_pairs, round_robin_scores, share_solved  # noqa: E402
 from nip_core.lm_server.embedded_model import embedded_model_path  # noqa: E402
 from nip_core.lm_server.engines.hf_scoring import message_logprobs  # noqa: E402
-from nip_core.malt.verdict_scores import verdict_table  # noqa: E402
+from nip_core.malt.verdict_scores import pair_accept_probability  # noqa: E402
 from nip_core.model_api.chat_format import fold_speaker_names  # noqa: E402
 from nip_core.parameters import HyperParameters  # noqa: E402
 from nip_core.parameters.loading import read_params_file  # noqa: E402
@@ -99,9 +99,11 @@ def p_first(model, tokenizer, hp, question: str, solutions: list[str]) -> list[f
             reply = {"role": "assistant", "content": verdict_reply(protocol, point, verdict)}
             chats.append(fold_speaker_names([*prompt, reply]))
     scores = message_logprobs(model, tokenizer, chats, model.device)
-    episodes = [("", 0, [], [])] * (len(scores) // 2)
-    table = verdict_table(episodes, scores, per_token=writes_disputed_part(protocol.name))
-    return table.column("p_accept").to_pylist()
+    per_token = writes_disputed_part(protocol.name)
+    return [
+        pair_accept_probability(accept, reject, per_token)
+        for accept, reject in zip(scores[::2], scores[1::2], strict=True)
+    ]
 
 
 def main() -> None:

@@ -36,7 +36,7 @@ class SamplingParams:
         if self.repetition_penalty is not None and self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.candidates is not None and (
-            len(set(self.candidates)) < 2 or len(set(self.candidates)) != len(self.candidates)
+            len(self.candidates) < 2 or len(set(self.candidates)) != len(self.candidates)
         ):
             raise ValueError(f"candidates must be 2 or more distinct texts, got {self.candidates}")
 

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field, replace
 
 from nip_core.agents.clients import ChatClient, SamplingParams
 from nip_core.agents.parsing import InvalidResponse, ParsedResponse, parse_response
-from nip_core.data.pairwise import chooses_disputed_part, datapoint_disputed_part, version_reply
-from nip_core.episode import Datapoint
+from nip_core.agents.prompts import verdict_reply
+from nip_core.data.pairwise import chooses_disputed_part
+from nip_core.episode import ACCEPT, REJECT, Datapoint
 from nip_core.parameters.agents import PureTextAgentParameters
 from nip_core.protocols import Protocol
 from nip_core.seeding import stable_int
@@ -96,8 +97,7 @@ def reply_candidates(
         return None
     if datapoint is None:
         raise ValueError(f"the {protocol.name!r} verifier's reply needs its datapoint")
-    part = datapoint_disputed_part(datapoint)
-    return (version_reply(part.first), version_reply(part.second))
+    return tuple(verdict_reply(protocol, datapoint, verdict) for verdict in (ACCEPT, REJECT))
 
 
 async def generate_responses(

@@ -34,8 +34,8 @@ def shows_pairs(protocol_name: str) -> bool:
 
 
 def writes_disputed_part(protocol_name: str) -> bool:
-    """Whether the protocol's verifier gives its verdict by writing the disputed part (fill-in)
-    rather than by stating it (fill-in, written freely or chosen)."""
+    """Whether the protocol's verifier gives its verdict by writing the disputed part rather than
+    by stating it (the fill-in protocols: written freely, or chosen from the two versions)."""
     return protocol_name in ("fill_in", "fill_in_choice")
 
 

@@ -67,6 +67,17 @@ def accept_probability(logprob_accept: float, logprob_reject: float) -> float:
     return 1.0 / (1.0 + math.exp(max(min(logprob_reject - logprob_accept, 700.0), -700.0)))
 
 
+def pair_accept_probability(
+    accept: tuple[float, int], reject: tuple[float, int], per_token: bool = False
+) -> float:
+    """P(accept) from the (log-probability, tokens) scores of the accept and the reject reply:
+    their softmax, summed or (`per_token`) per token."""
+    (lp_accept, n_accept), (lp_reject, n_reject) = accept, reject
+    if per_token:
+        lp_accept, lp_reject = lp_accept / max(n_accept, 1), lp_reject / max(n_reject, 1)
+    return accept_probability(lp_accept, lp_reject)
+
+
 def verdict_table(
     episodes: Sequence[tuple[str, int, list[dict] | None, list[dict] | None]],
     scores: Sequence[tuple[float, int]] | None,
@@ -84,10 +95,7 @@ def verdict_table(
     for leaf_id, datapoint_id, accept, reject in episodes:
         p = None
         if scores is not None and accept is not None and reject is not None:
-            (lp_accept, n_accept), (lp_reject, n_reject) = next(scored), next(scored)
-            if per_token:
-                lp_accept, lp_reject = lp_accept / max(n_accept, 1), lp_reject / max(n_reject, 1)
-            p = accept_probability(lp_accept, lp_reject)
+            p = pair_accept_probability(next(scored), next(scored), per_token)
         rows.append({"leaf_node_id": leaf_id, "datapoint_id": datapoint_id, "p_accept": p})
     return pa.Table.from_pylist(rows, schema=VERDICT_SCHEMA)
 

@@ -87,7 +87,8 @@ def dummy_reply(
 ) -> str:
     """The `index`-th sampled reply to `messages` (pure).
 
-    Given `candidates`, the reply is one of them, drawn evenly. A fill-in verifier (its prompt shows a solution with a part cut out) writes a line of code.
+    Given `candidates`, the reply is one of them, drawn evenly. A fill-in verifier (its prompt
+    shows a solution with a part cut out) writes a line of code.
     Verifier prompts get a decision (1/5 accept, 1/5 reject) or a question, one line per
     "Question for <Name>:" header; other prompts get "Answer: ...". A fraction
     `invalid_probability` of verifier replies is malformed so retry paths run; a trailing

@@ -41,9 +41,9 @@ class CommonProtocolParameters(BaseParameters, ProtocolRules):
 @register_parameter_class
 @dataclass(frozen=True)
 class NipProtocolParameters(BaseParameters):
-    """NIP family (nip, adp, merlin_arthur, solo_verifier, pairwise, fill_in,
-    fill_in_choice): the verifier may
-    decide from round `min_message_rounds - 1` and must by round `max_message_rounds - 1`."""
+    """NIP family (nip, adp, merlin_arthur, solo_verifier, pairwise, fill_in, fill_in_choice):
+    the verifier may decide from round `min_message_rounds - 1` and must by round
+    `max_message_rounds - 1`."""
 
     max_message_rounds: int = 8
     min_message_rounds: int = 1
