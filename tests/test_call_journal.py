@@ -101,3 +101,20 @@ def test_a_failed_write_fails_the_calls_waiting_on_it(tmp_path, monkeypatch):
     else:
         raise AssertionError("a call whose journal line was not written must not succeed")
     assert not client.entries  # not recorded as finished
+
+
+def test_earlier_journals_are_replayed_but_never_written(tmp_path):
+    earlier = tmp_path / "it0" / "guard-calls-0.jsonl"
+    asked = [{"role": "user", "content": "kept model"}]
+    asyncio.run(JournaledClient(CountingClient(), earlier).complete(asked, "m", 1, Sampling(5)))
+    before = earlier.read_text()
+
+    inner = CountingClient()
+    own = tmp_path / "it1" / "guard-calls-0.jsonl"
+    client = JournaledClient(inner, own, earlier=[earlier, tmp_path / "missing.jsonl"])
+    assert asyncio.run(client.complete(asked, "m", 1, Sampling(5))) == ["kept model-5-0"]
+    assert inner.calls == 0 and client.replayed == 1
+    asyncio.run(client.complete(asked, "other-model", 1, Sampling(5)))
+    assert inner.calls == 1
+    # the new call is in this journal only; the earlier one is untouched
+    assert len(own.read_text().splitlines()) == 1 and earlier.read_text() == before

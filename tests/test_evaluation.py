@@ -224,6 +224,27 @@ def test_default_scheme_runs_no_evaluation(prefect_harness, tmp_path):
     assert "evaluate" not in manifest(tmp_path, "n", 0)["stages"]
 
 
+def test_an_unchanged_model_is_not_asked_again_in_a_later_evaluation(prefect_harness, tmp_path):
+    """Evaluation call seeds ignore the iteration, so iteration 1 replays iteration 0's calls of
+    the models that did not change (here both agents are frozen): its journal stays empty."""
+    frozen = ["agents.prover.freeze_agent=true", "agents.verifier.freeze_agent=true"]
+    overrides = [*SMALL, "text_rl.test_scheme=all", *frozen]
+    for iteration in (0, 1):
+        malt_iteration(
+            overrides=overrides,
+            run_name="f",
+            artifacts_root=str(tmp_path),
+            iteration=iteration,
+            use_wandb=False,
+        )
+    first, second = (iteration_dir(tmp_path, "f", i) for i in (0, 1))
+    asked = [p.read_text() for p in second.glob("eval-calls-*.jsonl")]
+    assert list(first.glob("eval-calls-*.jsonl")) and not "".join(asked)
+    columns = ["datapoint_id", "decision", "y"]
+    again = pd.read_parquet(second / "eval.parquet")[columns]
+    assert again.equals(pd.read_parquet(first / "eval.parquet")[columns])
+
+
 def test_test_stage_in_iteration_then_standalone_flow(prefect_harness, tmp_path, capsys):
     overrides = [*SMALL, "text_rl.test_scheme=first_and_last"]
     stats = malt_iteration(

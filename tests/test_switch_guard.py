@@ -10,6 +10,7 @@ import pytest
 
 import nip_core.training.switch_guard_stage as guard_stage
 from flows.malt_iteration import malt_iteration
+from flows.malt_run import malt_run
 from nip_core.parameters import load_hyper_params
 from nip_core.training.switch_guard import (
     KEPT_PREVIOUS,
@@ -94,6 +95,30 @@ def test_guard_scores_real_validation_episodes(prefect_harness, tmp_path):
     assert entry["verdict"] in (SWITCHED, KEPT_PREVIOUS)
     assert isinstance(entry["previous_score"], float) and isinstance(entry["new_score"], float)
     assert (it / "guard-previous.parquet").exists() and (it / "guard-verifier.parquet").exists()
+
+
+def journal_keys(folder: Path) -> set[str]:
+    lines = [
+        line for p in folder.glob("guard-calls-*.jsonl") for line in p.read_text().splitlines()
+    ]
+    return {json.loads(line)["key"] for line in lines}
+
+
+def test_the_next_iteration_replays_the_guard_calls_of_the_model_it_starts_from(
+    prefect_harness, tmp_path
+):
+    """The previous model of iteration 1 was scored in iteration 0 (as the new model, or as the
+    previous one when kept) on the same episodes with the same call seeds: not asked again."""
+    overrides = [*GUARDED, "rl.num_iterations=2"]
+    malt_run(overrides=overrides, run_name="two", artifacts_root=str(tmp_path), use_wandb=False)
+    first, second = (tmp_path / "two" / "iterations" / f"000{i}" for i in (0, 1))
+    verdict = json.loads((first / "manifest.json").read_text())["stages"]["switch_guard"]
+    kept = verdict["info"]["verifier"]["verdict"] == KEPT_PREVIOUS
+    earlier, own = journal_keys(first), journal_keys(second)
+    assert earlier and own and not earlier & own  # only the new model's calls were made
+    scored_before = pd.read_parquet(first / f"guard-{'previous' if kept else 'verifier'}.parquet")
+    scored_again = pd.read_parquet(second / "guard-previous.parquet")
+    assert scored_again["decision"].tolist() == scored_before["decision"].tolist()
 
 
 def test_a_label_balanced_guard_plays_as_many_correct_as_buggy_solutions(prefect_harness, tmp_path):

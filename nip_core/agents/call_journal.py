@@ -21,6 +21,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,16 +64,26 @@ def read_journal(path: Path | str, fs: Any = None) -> dict[str, list[str]]:
 
 
 class JournaledClient:
-    """Wraps a chat client; replays journaled answers and journals new ones."""
+    """Wraps a chat client; replays journaled answers and journals new ones.
 
-    def __init__(self, inner: Any, path: Path | str, fs: Any = None) -> None:
+    `earlier` names journals of other stages (read, never written): a call found there is
+    replayed as well, e.g. the switch guard's scoring of a model that an earlier iteration's
+    guard already scored on the same episodes with the same call seeds.
+    """
+
+    def __init__(
+        self, inner: Any, path: Path | str, fs: Any = None, earlier: Sequence[Path | str] = ()
+    ) -> None:
         self.inner = inner
         # An object store keeps segments; a local filesystem (or none given) one appended file.
         self.fs = None if fs is None or isinstance(fs, LocalFileSystem) else fs
         self.path: Path | str = str(path) if self.fs is not None else Path(path)
         if self.fs is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.entries = read_journal(self.path, self.fs)
+        self.entries = {}
+        for other in earlier:
+            self.entries.update(read_journal(other, self.fs))
+        self.entries.update(read_journal(self.path, self.fs))
         self.replayed = 0
         self.writes = 0  # group commits (one write + fsync each)
         self._pending: list[str] = []

@@ -40,10 +40,13 @@ def endpoint_key(params: Any) -> tuple:
 
 
 def chat_clients(
-    context: IterationContext, journal: Callable[[int], str] | None = None, fs: Any = None
+    context: IterationContext,
+    journal: Callable[[int], str] | None = None,
+    fs: Any = None,
+    earlier: Callable[[int], list[str]] | None = None,
 ) -> dict[str, object]:
     """Agent -> client, one client per distinct endpoint; with `journal`, endpoint i's client
-    journals its calls to `journal(i)` on `fs`."""
+    journals its calls to `journal(i)` on `fs`, and also replays those of `earlier(i)`."""
     hp = context.hyper_params
     by_endpoint: dict[tuple, object] = {}
     clients = {}
@@ -54,19 +57,32 @@ def chat_clients(
                 params, max_concurrency=hp.text_rl.max_concurrent_requests, dummy_seed=hp.seed
             )
             if journal is not None:
-                client = JournaledClient(client, journal(len(by_endpoint)), fs)
+                index = len(by_endpoint)
+                replayable = earlier(index) if earlier is not None else []
+                client = JournaledClient(client, journal(index), fs, replayable)
             by_endpoint[key] = client
         clients[agent] = by_endpoint[key]
     return clients
 
 
 def journaled_clients(paths: RunPaths, context: IterationContext, stem: str) -> dict:
-    """The clients, each journaling to `<stem>-calls-<i>.jsonl` in the iteration's folder."""
+    """The clients of an evaluation or the switch guard, each journaling to
+    `<stem>-calls-<i>.jsonl` in the iteration's folder.
+
+    Their call seeds ignore the iteration, so they also replay the same journal of every earlier
+    iteration: a model that an earlier iteration already played on these episodes (a kept or
+    frozen model; the guard's previous model, scored as the new one an iteration before) is not
+    asked again.
+    """
 
     def journal(endpoint: int) -> str:
         return paths.iteration_file(context.iteration, stem_call_journal(stem, endpoint))
 
-    return chat_clients(context, journal, paths.fs)
+    def earlier(endpoint: int) -> list[str]:
+        name = stem_call_journal(stem, endpoint)
+        return [paths.iteration_file(i, name) for i in range(context.iteration)]
+
+    return chat_clients(context, journal, paths.fs, earlier)
 
 
 def replayed_calls(clients: dict[str, object]) -> int:

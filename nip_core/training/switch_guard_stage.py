@@ -5,7 +5,8 @@ Each scoring is an evaluation on the first `text_rl.switch_guard_episodes` valid
 (one sample per turn, the same datapoints and call seeds for both models), written to
 `guard-<label>.parquet`. All scorings share one call journal (`guard-calls-*.jsonl`): an
 interrupted guard replays its finished calls, and calls of agents whose model is unchanged are
-made once. With a self-hosted group and `text_rl.switch_guard_max_drift` set, the previous model
+made once. The guard also replays earlier iterations' journals, so its previous model, which
+the guard before scored as the new one (or kept), is not asked again. With a self-hosted group and `text_rl.switch_guard_max_drift` set, the previous model
 then scores both models' replies (`/v1/chat/score`) to catch a wreck the reward misses, where
 the reward and verdict-share checks alone would let the new model in. The
 manifest stage `switch_guard` records both scores, the margin, the drift and the verdict with
