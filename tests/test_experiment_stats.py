@@ -7,7 +7,14 @@ import pandas as pd
 import pytest
 
 from nip_core.experiment.auc import counts_from_indices
-from nip_core.experiment.summary import count_statistics, one_level_row, summary_table, two_level
+from nip_core.experiment.summary import (
+    argmax_accuracy,
+    argmax_sums,
+    count_statistics,
+    one_level_row,
+    summary_table,
+    two_level,
+)
 from nip_core.malt.bootstrap import (
     METRICS,
     bootstrap,
@@ -171,3 +178,33 @@ def test_summary_across_seeds_and_reference_flags():
     assert pd.isna(across.seed) and rows[("seed", 2, 1)].seed == 2
     # TRAINED accepts 2 of 3 decided verdicts: inside 0.2-0.8, not flagged
     assert not rows[("seed", 1, 1)].accept_rate_flagged
+
+
+def test_argmax_accuracy_by_hand():
+    """The verdict at temperature 0: P(accept) above one half accepts; a tie counts one half;
+    an episode without P(accept) is left out."""
+    frame = pd.DataFrame(
+        {
+            "datapoint_id": [1, 1, 2, 3, 3],
+            "y": [1, 1, 0, 0, 0],
+            "p_accept": [0.9, 0.4, 0.5, 0.1, np.nan],
+        }
+    )
+    sums = argmax_sums(frame, np.array([1, 2, 3]))
+    assert sums.tolist() == [[1.0, 2.0], [0.5, 1.0], [1.0, 1.0]]
+    values = argmax_accuracy(sums)(np.array([[1.0, 1, 1], [0, 0, 2], [0, 0, 0]]))
+    assert values[:2] == pytest.approx([2.5 / 4, 1.0]) and np.isnan(values[2])
+
+
+def test_summary_reads_the_argmax_apart_from_the_sampled_verdicts():
+    """A trained model whose sampled verdicts improve while its P(accept) ranks no better: the
+    sampled accuracy rises, the argmax accuracy and its paired difference do not."""
+    base = with_probabilities(BASE, [0.6, 0.6, 0.4, 0.4], 1)
+    trained = with_probabilities(TRAINED, [0.6, 0.6, 0.4, 0.4], 1)
+    summary = summary_table(pd.concat([base, trained]), resamples=200, seed=3)
+    row = summary[(summary.scope == "seed") & (summary.iteration == 1)].iloc[0]
+    assert row.accuracy > summary[summary.iteration == 0].iloc[0].accuracy
+    assert row.argmax_accuracy == 1.0 and row.argmax_diff_vs_base == 0.0
+    assert row.argmax_accuracy_ci_low <= row.argmax_accuracy <= row.argmax_accuracy_ci_high
+    unscored = summary_table(pd.concat([BASE, TRAINED]), resamples=20, seed=3)
+    assert unscored["argmax_accuracy"].isna().all()

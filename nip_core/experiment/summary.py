@@ -22,10 +22,37 @@ from nip_core.malt.bootstrap import METRICS, per_datapoint, percentile_ci, resam
 # A statistic of datapoint counts: (M, N) how often each datapoint is drawn -> (M,) values.
 CountStatistic = Callable[[np.ndarray], np.ndarray]
 # Output columns (point, CI low, CI high) of each statistic.
-COLUMNS = {name: (name, f"{name}_ci_low", f"{name}_ci_high") for name in (*METRICS, "auc")} | {
+COLUMNS = {
+    name: (name, f"{name}_ci_low", f"{name}_ci_high")
+    for name in (*METRICS, "auc", "argmax_accuracy")
+} | {
     "diff": ("diff_vs_base", "diff_ci_low", "diff_ci_high"),
     "decided_diff": ("decided_diff_vs_base", "decided_diff_ci_low", "decided_diff_ci_high"),
+    "argmax_diff": ("argmax_diff_vs_base", "argmax_diff_ci_low", "argmax_diff_ci_high"),
 }
+
+
+def argmax_sums(frame: pd.DataFrame, datapoints: np.ndarray) -> np.ndarray:
+    """Per-datapoint (right by P(accept)'s argmax, episodes with a P(accept)), rows aligned to
+    `datapoints`: the verdict the verifier would give at temperature 0 (a tie counts one half)."""
+    p = frame["p_accept"].astype(float)
+    scored = np.isfinite(p)
+    agrees = (p > 0.5) == frame["y"].eq(1)
+    right = np.where(p == 0.5, 0.5, agrees.astype(float))
+    parts = pd.DataFrame({"right": np.where(scored, right, 0.0), "scored": scored.astype(float)})
+    sums = parts.groupby(frame["datapoint_id"].to_numpy()).sum()
+    return sums.reindex(datapoints, fill_value=0.0).to_numpy()
+
+
+def argmax_accuracy(sums: np.ndarray) -> CountStatistic:
+    """Accuracy of P(accept)'s argmax under datapoint counts; NaN where nothing was scored."""
+
+    def statistic(counts: np.ndarray) -> np.ndarray:
+        right, scored = counts @ sums[:, 0], counts @ sums[:, 1]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(scored > 0, right / np.where(scored > 0, scored, 1), np.nan)
+
+    return statistic
 
 
 def count_statistics(
@@ -44,6 +71,9 @@ def count_statistics(
     out["auc"] = WeightedAuc(frame, datapoints)
     out["diff"] = paired(METRICS["accuracy"])
     out["decided_diff"] = paired(METRICS["accuracy_when_decided"])
+    own, base_argmax = (argmax_accuracy(argmax_sums(f, datapoints)) for f in (frame, base))
+    out["argmax_accuracy"] = own
+    out["argmax_diff"] = lambda counts: own(counts) - base_argmax(counts)
     return out
 
 
