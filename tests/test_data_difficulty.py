@@ -160,12 +160,14 @@ def _jobs(rows: pd.DataFrame, problems: dict) -> list[tuple[str, str, str]]:
     ]
 
 
-def test_every_easy_and_sampled_other_buggy_rows_fail_and_canonicals_pass(
+def test_sampled_buggy_rows_fail_and_canonicals_pass(
     graded: dict[str, pd.DataFrame], problems: dict
 ) -> None:
+    """A seeded sample of every grade (the data file is fixed; running all 632 rows in the
+    sandbox took 40 s of every suite run and checked the same file each time)."""
     rng = random.Random(17)
     easy = graded["easy"]
-    rows = [easy]  # all easy rows, buggy and correct
+    rows = [easy.loc[sorted(rng.sample(list(easy.index), 40))]]  # buggy and correct
     for grade in ("medium", "hard", "mixed"):
         buggy = graded[grade][graded[grade]["y"] == 0]
         rows.append(buggy.loc[sorted(rng.sample(list(buggy.index), 10))])
