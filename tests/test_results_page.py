@@ -64,3 +64,18 @@ def test_the_readme_learning_part_is_at_most_40_lines():
     text = (ROOT / "README.md").read_text()
     part = text.split("## Does training make a better verifier?", 1)[1].split("\n## ", 1)[0]
     assert len(part.strip().splitlines()) <= 40
+
+
+def test_argmax_readings_tell_sharper_sampling_from_a_moved_preference():
+    """scripts/argmax_readings.py on the published fill_in_choice test seed: the base samples
+    0.743 right while its argmax reads 0.824, and `malt` after 2 rises in sampling only."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    command = [sys.executable, str(repo / "scripts" / "argmax_readings.py"), "fill-in-choice-test"]
+    done = subprocess.run([*command, "--resamples", "50"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "seed 6198 malt it 0: decided 0.743, argmax 0.824" in "\n".join(lines)
+    assert "seed 6198 malt it 2: decided 0.809, argmax 0.794" in "\n".join(lines)
