@@ -66,9 +66,9 @@ def read_journal(path: Path | str, fs: Any = None) -> dict[str, list[str]]:
 class JournaledClient:
     """Wraps a chat client; replays journaled answers and journals new ones.
 
-    `earlier` names journals of other stages (read, never written): a call found there is
-    replayed as well, e.g. the switch guard's scoring of a model that an earlier iteration's
-    guard already scored on the same episodes with the same call seeds.
+    `earlier` names other journals (read, never written): a call found there is replayed as
+    well, e.g. the switch guard's scoring of a model that an earlier iteration's guard already
+    scored on the same episodes with the same call seeds.
     """
 
     def __init__(
