@@ -17,7 +17,14 @@ import pandas as pd
 
 from nip_core.experiment.auc import WeightedAuc, counts_from_indices
 from nip_core.experiment.stats import ACCEPT_RATE_BAND, EXPERIMENT_COLUMNS, SUMMARY_COLUMNS
-from nip_core.malt.bootstrap import METRICS, per_datapoint, percentile_ci, resample_indices
+from nip_core.malt.bootstrap import (
+    METRICS,
+    per_datapoint,
+    percentile_ci,
+    ratio,
+    resample_indices,
+    sums_by_datapoint,
+)
 
 # A statistic of datapoint counts: (M, N) how often each datapoint is drawn -> (M,) values.
 CountStatistic = Callable[[np.ndarray], np.ndarray]
@@ -40,19 +47,12 @@ def argmax_sums(frame: pd.DataFrame, datapoints: np.ndarray) -> np.ndarray:
     agrees = (p > 0.5) == frame["y"].eq(1)
     right = np.where(p == 0.5, 0.5, agrees.astype(float))
     parts = pd.DataFrame({"right": np.where(scored, right, 0.0), "scored": scored.astype(float)})
-    sums = parts.groupby(frame["datapoint_id"].to_numpy()).sum()
-    return sums.reindex(datapoints, fill_value=0.0).to_numpy()
+    return sums_by_datapoint(parts, frame["datapoint_id"], datapoints)
 
 
 def argmax_accuracy(sums: np.ndarray) -> CountStatistic:
     """Accuracy of P(accept)'s argmax under datapoint counts; NaN where nothing was scored."""
-
-    def statistic(counts: np.ndarray) -> np.ndarray:
-        right, scored = counts @ sums[:, 0], counts @ sums[:, 1]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(scored > 0, right / np.where(scored > 0, scored, 1), np.nan)
-
-    return statistic
+    return lambda counts: ratio(counts @ sums[:, 0], counts @ sums[:, 1])
 
 
 def count_statistics(

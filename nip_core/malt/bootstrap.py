@@ -40,28 +40,33 @@ def per_datapoint(frame: pd.DataFrame, datapoints: np.ndarray) -> np.ndarray:
             "episodes_y1": y1,
         }
     ).astype(float)
-    sums = parts.groupby(frame["datapoint_id"].to_numpy()).sum()
+    return sums_by_datapoint(parts, frame["datapoint_id"], datapoints)
+
+
+def sums_by_datapoint(parts: pd.DataFrame, ids: pd.Series, datapoints: np.ndarray) -> np.ndarray:
+    """Each column of `parts` summed per datapoint id, rows aligned to `datapoints` (zeros for a
+    datapoint without rows)."""
+    sums = parts.groupby(ids.to_numpy()).sum()
     return sums.reindex(datapoints, fill_value=0.0).to_numpy()
 
 
-def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """num / den elementwise; NaN where den is 0 (a resample without the denominator's rows)."""
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
 
 
 # Each metric reads the per-datapoint sums (summed over a resample, last axis = the columns).
 METRICS: dict[str, Statistic] = {
-    "accuracy": lambda s: _ratio(s[..., 0], s[..., 4]),
-    "decision_rate": lambda s: _ratio(s[..., 1], s[..., 4]),
-    "accuracy_when_decided": lambda s: _ratio(s[..., 2], s[..., 1]),
-    "accept_rate": lambda s: _ratio(s[..., 3], s[..., 1]),
-    "balanced_accuracy": lambda s: (
-        (_ratio(s[..., 5], s[..., 6]) + _ratio(s[..., 7], s[..., 8])) / 2
-    ),
+    "accuracy": lambda s: ratio(s[..., 0], s[..., 4]),
+    "decision_rate": lambda s: ratio(s[..., 1], s[..., 4]),
+    "accuracy_when_decided": lambda s: ratio(s[..., 2], s[..., 1]),
+    "accept_rate": lambda s: ratio(s[..., 3], s[..., 1]),
+    "balanced_accuracy": lambda s: (ratio(s[..., 5], s[..., 6]) + ratio(s[..., 7], s[..., 8])) / 2,
     # Accuracy on the episodes of each label: on correct and on buggy code for a solo verifier;
     # with the correct solution shown first and second in the pairwise protocol (position bias).
-    "accuracy_y1": lambda s: _ratio(s[..., 7], s[..., 8]),
-    "accuracy_y0": lambda s: _ratio(s[..., 5], s[..., 6]),
+    "accuracy_y1": lambda s: ratio(s[..., 7], s[..., 8]),
+    "accuracy_y0": lambda s: ratio(s[..., 5], s[..., 6]),
 }
 
 
