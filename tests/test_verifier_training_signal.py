@@ -19,7 +19,12 @@ from nip_core.experiment.config import builtin_overrides
 from nip_core.malt import dataset_export as export
 from nip_core.malt import verifier_rows
 from nip_core.malt.rollout_tree import BatchItem, history, turns_by_node
-from nip_core.malt.tree_values import balance_pairs_by_label, label_balanced_mask, rewards_table
+from nip_core.malt.tree_values import (
+    balance_pairs_by_label,
+    label_balanced_mask,
+    rewards_table,
+    settled_labels,
+)
 from nip_core.parameters import HyperParameters, apply_overrides
 from nip_core.parameters.trainers import PureTextEiParameters
 from nip_core.run.iteration_context import build_context
@@ -163,6 +168,55 @@ def test_label_balance_keeps_as_many_pairs_per_label_counted_by_hand():
     # no pair on buggy code: no verifier pair is kept
     none = label_balanced_mask(np.array([True, True, False]), np.array([1, 1, 0]), seed=0)
     assert none.tolist() == [False, False, True]
+
+
+def _verdict_tree(decisions: dict[str, list[int | None]]) -> pa.Table:
+    """Nodes of parents p<y><i> (label y), each with its leaves' verdicts (None: no verdict)."""
+    rows = []
+    for parent, verdicts in decisions.items():
+        y = int(parent[1])
+        rows.append({"node_id": parent, "parent_id": None, "decision": None, "y": y})
+        rows += [
+            {"node_id": f"{parent}-{k}", "parent_id": parent, "decision": d, "y": y}
+            for k, d in enumerate(verdicts)
+        ]
+    return pa.Table.from_pylist(rows)
+
+
+def test_a_settled_label_does_not_drop_the_other_labels_pairs():
+    """A `nip` verifier that rejects every buggy solution gives no pair on buggy code; sparing a
+    settled label keeps its pairs on correct code, which plain balance drops (seed 6200)."""
+    # correct code (y = 1): accepts beside no verdicts, 3 parents with pairs; buggy: all rejects
+    nodes = _verdict_tree(
+        {"p10": [1, None], "p11": [1, None], "p12": [None, 1], "p13": [1, 1],
+         "p00": [0, 0], "p01": [0, 0]}
+    )  # fmt: skip
+    pairs = pa.table({"agent": ["verifier"] * 3, "parent_node_id": ["p10", "p11", "p12"]})
+    assert settled_labels(nodes) == {0}
+    assert balance_pairs_by_label(pairs, nodes, "verifier", seed=1).num_rows == 0
+    spared = balance_pairs_by_label(pairs, nodes, "verifier", seed=1, spare_settled=True)
+    assert spared.equals(pairs)
+    # one wrong verdict on buggy code: the label is not settled, the balance drops them again
+    wrong = _verdict_tree(
+        {"p10": [1, None], "p11": [1, None], "p12": [None, 1], "p00": [0, 1], "p01": [0, 0]}
+    )
+    assert settled_labels(wrong) == frozenset()
+    assert balance_pairs_by_label(pairs, wrong, "verifier", 1, spare_settled=True).num_rows == 0
+    # a verifier that accepts everything: correct code is settled, buggy code (all wrong) is not
+    accepting = _verdict_tree({"p10": [1, 1], "p00": [1, 1]})
+    assert settled_labels(accepting) == {1}
+    # both labels with pairs: sparing changes nothing (neither is settled)
+    both = pa.table({"agent": ["verifier"] * 4, "parent_node_id": ["p10", "p11", "p12", "p00"]})
+    mixed = _verdict_tree({"p10": [1, 0], "p11": [1, 0], "p12": [0, 1], "p00": [0, 1]})
+    assert balance_pairs_by_label(both, mixed, "verifier", 3, spare_settled=True).equals(
+        balance_pairs_by_label(both, mixed, "verifier", 3)
+    )
+    assert label_balanced_mask(np.array([True, True]), np.array([1, 1]), 0, frozenset({0, 1})).all()
+    with pytest.raises(ValueError, match="balance_verifier_by_label=false turns off"):
+        apply_overrides(
+            HyperParameters.construct_test_params(),
+            ["pure_text_malt.balance_spares_settled_labels=true"],
+        )
 
 
 def _solo_items(count: int) -> list[BatchItem]:

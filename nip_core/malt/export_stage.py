@@ -80,7 +80,8 @@ def group_marked_replies(
     if not malt.balance_verifier_by_label:
         return table
     seed = stable_int("kto-balance", hp.seed, it)
-    return balance_pairs_by_label(table, nodes, context.protocol.verifier_name, seed)
+    verifier, spare = context.protocol.verifier_name, malt.balance_spares_settled_labels
+    return balance_pairs_by_label(table, nodes, verifier, seed, spare_settled=spare)
 
 
 def export_datasets(

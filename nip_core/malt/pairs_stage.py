@@ -39,6 +39,7 @@ def write_pairs(paths: RunPaths, context: IterationContext, nodes: str, rewards:
                 node_table,
                 context.protocol.verifier_name,
                 seed=stable_int("pair-balance", seed, it),
+                spare_settled=malt.balance_spares_settled_labels,
             )
         return {PAIRS_FILE: write_parquet(paths.fs, out, table)}, {"pairs": table.num_rows}
 

@@ -139,7 +139,9 @@ def pairs_table(
     )
 
 
-def balance_pairs_by_label(pairs: pa.Table, nodes: pa.Table, agent: str, seed: int) -> pa.Table:
+def balance_pairs_by_label(
+    pairs: pa.Table, nodes: pa.Table, agent: str, seed: int, spare_settled: bool = False
+) -> pa.Table:
     """`pairs` with `agent`'s pairs cut to as many from problems whose code is correct (y = 1)
     as from problems whose code is buggy (y = 0): a seeded draw keeps that many of the larger
     side. Other agents' pairs and the table's order are kept. Any table of rows under a parent
@@ -147,6 +149,9 @@ def balance_pairs_by_label(pairs: pa.Table, nodes: pa.Table, agent: str, seed: i
 
     A verifier that mostly accepts gives many "accept on correct code" pairs and few "reject on
     buggy code" ones; DPO on that imbalance moves the verdict's bias rather than the judgement.
+    With `spare_settled`, a label whose every rollout ended in the right verdict
+    (`settled_labels`) does not count: it gives no pairs because there is nothing to correct, and
+    the other label's pairs are kept whole rather than dropped for its want of them.
     """
     y_of = dict(
         zip(
@@ -157,15 +162,32 @@ def balance_pairs_by_label(pairs: pa.Table, nodes: pa.Table, agent: str, seed: i
     )
     is_agent = np.asarray(pairs.column("agent").to_pylist(), dtype=object) == agent
     y = np.array([y_of[node] for node in pairs.column("parent_node_id").to_pylist()], dtype=int)
-    return pairs.filter(pa.array(label_balanced_mask(is_agent, y, seed)))
+    spared = settled_labels(nodes) if spare_settled else frozenset()
+    return pairs.filter(pa.array(label_balanced_mask(is_agent, y, seed, spared)))
 
 
-def label_balanced_mask(selected: np.ndarray, y: np.ndarray, seed: int) -> np.ndarray:
+def settled_labels(nodes: pa.Table) -> frozenset[int]:
+    """The labels (y) whose rollouts all ended in the verdict that label asks for: leaves of the
+    tree (nodes no other node descends from) with that y, every one decided right."""
+    parents = set(nodes.column("parent_id").drop_null().to_pylist())
+    is_leaf = np.array([node not in parents for node in nodes.column("node_id").to_pylist()])
+    decision = nodes.column("decision").fill_null(-1).to_numpy()[is_leaf]
+    y = nodes.column("y").to_numpy()[is_leaf]
+    return frozenset(
+        label for label in (0, 1) if (y == label).any() and (decision[y == label] == label).all()
+    )
+
+
+def label_balanced_mask(
+    selected: np.ndarray, y: np.ndarray, seed: int, spared: frozenset[int] = frozenset()
+) -> np.ndarray:
     """bool mask over rows: every row outside `selected`, and of the selected ones as many with
-    y = 1 as with y = 0 (all of the smaller side, a seeded draw of the larger)."""
+    y = 1 as with y = 0 (all of the smaller side, a seeded draw of the larger). A label in
+    `spared` does not set the count; with one left, its rows are all kept."""
     rng = np.random.default_rng(seed)
     by_label = [np.flatnonzero(selected & (y == label)) for label in (0, 1)]
-    each = min(len(rows) for rows in by_label)
+    counted = [len(rows) for label, rows in enumerate(by_label) if label not in spared]
+    each = min(counted) if counted else len(y)
     keep = ~selected
     for rows in by_label:
         keep[rng.permutation(rows)[:each]] = True

@@ -107,7 +107,11 @@ class PureTextMaltParameters(BaseParameters):
     expert-iteration warm start, `num_initial_ei_iterations`) from problems with correct code
     as from problems with buggy code, a seeded draw from the larger side: a base verifier that
     mostly accepts yields many "accept on correct code" rows and few "reject on buggy code"
-    ones, and training on that imbalance teaches "accept".
+    ones, and training on that imbalance teaches "accept". `balance_spares_settled_labels`
+    (ours) leaves out of that count a label on which every rollout already ended in the right
+    verdict: it gives no pairs because there is nothing to correct, and the other label's pairs
+    are kept rather than all dropped (a `nip` verifier that rejects every buggy solution but
+    decides on only some correct ones).
 
     `training_objective` (ours) is what MALT iterations train on: "dpo" (nip: preference pairs)
     or "kto", a group-relative objective on the same trees: each sampled reply whose expected
@@ -133,6 +137,7 @@ class PureTextMaltParameters(BaseParameters):
         "sampled_pairs"
     )
     balance_verifier_by_label: bool = False
+    balance_spares_settled_labels: bool = False
     training_objective: Literal["dpo", "kto"] = "dpo"
     kto_rows_per_parent: int = 2
     rollout_temperature: float | None = None

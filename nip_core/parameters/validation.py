@@ -249,6 +249,11 @@ def check_training_signal(p: Any) -> None:
     if p.trainer != "pure_text_malt":
         return
     _require(
+        malt.balance_verifier_by_label or not malt.balance_spares_settled_labels,
+        "HyperParameters: pure_text_malt.balance_spares_settled_labels changes the label balance, "
+        "which pure_text_malt.balance_verifier_by_label=false turns off",
+    )
+    _require(
         not malt.trains_on_label_pairs or share > 0,
         f"HyperParameters: pure_text_malt.verifier_training_signal="
         f"{malt.verifier_training_signal} needs text_rl.verifier_guess_replacement_proportion "
