@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -148,6 +149,7 @@ def open_run(
     task_runner_address: str | None = None,
     inside: OpenRun | None = None,
     server_url: str | None = None,
+    replay_runs: Sequence[str] = (),
 ) -> Iterator[OpenRun]:
     """What every flow does first: lock the run folder (one writer at a time), check its stored
     configuration and prepare it, start the self-hosted server when the run needs one and
@@ -155,11 +157,12 @@ def open_run(
     (the server stops only if this started it). `root` None: `$NIP_ARTIFACTS_ROOT` or
     ./artifacts. `inside`: the open run this one runs within (an experiment's arm within its
     seed's base run), whose server it uses; `server_url`: where to find or start the server
-    instead of the configured address (a seed in a worker process of its own)."""
+    instead of the configured address (a seed in a worker process of its own); `replay_runs`:
+    run folders whose rollout calls this run replays (`RunPaths.replay_runs`)."""
     root = root or default_root()
     outer = inside.server if inside is not None else None
     with lock_run_folder(RunPaths.open(root, run_name)):
-        paths = prepare_run(hp, root, run_name)
+        paths = dataclasses.replace(prepare_run(hp, root, run_name), replay_runs=tuple(replay_runs))
         invocation = provenance.start_invocation(paths, provenance.collect())
         outcome = "interrupted"
         try:

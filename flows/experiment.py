@@ -34,7 +34,7 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,7 +187,8 @@ def run_seed(
             hp = with_seed(arm_hp, seed)
             if start is not None:
                 hp = started_from(hp, final_models[start])
-            with open_run(hp, arms_root, arm, inside=base_run) as arm_run:
+            replay = [arm_paths[other].run_dir for other in samples_alike(spec, arm, arm_paths)]
+            with open_run(hp, arms_root, arm, inside=base_run, replay_runs=replay) as arm_run:
                 arm_paths[arm] = arm_run.paths
                 run_arm(arm_run, spec.settings, use_wandb, evaluate_start=start is not None)
                 final_models[arm] = arm_run.context(hp.rl.num_iterations).models
@@ -200,6 +201,22 @@ def run_seed(
     ]
     training = training_table(arm_paths, seed, iterations)
     return pd.concat(frames, ignore_index=True), training, timings_table(arm_paths, seed)
+
+
+def samples_alike(spec: Experiment, arm: str, earlier: Iterable[str]) -> list[str]:
+    """The `earlier` arms whose rollout calls `arm` may replay: both start from the base models
+    (no `starts_from`) with the same agents (models, serving and sampling settings). A call
+    replays only where its key matches (prompt, model name, sampling, call seed), so this
+    guards what the key does not hold: which weights a model name stands for. A control with
+    its labels shuffled then draws exactly `malt`'s first rollouts; only its rewards differ."""
+    if arm_start(spec.settings, arm) is not None:
+        return []
+    return [
+        other
+        for other in earlier
+        if arm_start(spec.settings, other) is None
+        and spec.arms[other].agents == spec.arms[arm].agents
+    ]
 
 
 def started_from(hp: HyperParameters, models: dict[str, str]) -> HyperParameters:

@@ -293,3 +293,38 @@ def test_an_arm_starts_from_the_models_an_earlier_arm_ended_with(prefect_harness
     nip_rows = summary[(summary.arm == "nip") & (summary.scope == "seed")]
     start_rows = rows[(rows.arm == "nip") & (rows.iteration == 0)]
     assert nip_rows.iloc[0].decision_rate == pytest.approx(start_rows["decided"].mean())
+
+
+def test_arms_that_sample_alike_draw_their_first_rollouts_once(prefect_harness, tmp_path):
+    """The control replays `malt`'s first rollout calls (same agents, same keys): the same trees,
+    nothing asked again; an arm whose agents sample otherwise asks its own, and no later
+    iteration replays another arm's calls (its models are its own; the dummy backend's
+    fine-tuned names are not, which a replay would not show)."""
+    arms = {"malt": {}, "shuffled_labels": {}, "cooler": {"agents._default.temperature": 0.5}}
+    config = dict(
+        CONFIG,
+        rl={"rollouts_per_iteration": 24},  # enough pairs that every arm's verifier trains
+        pure_text_malt={"num_responses_per_timestep": 4},
+        experiment=dict(CONFIG["experiment"], arms=arms),
+    )
+    args = ["--config", write_config(tmp_path, config), "--artifacts-root", str(tmp_path)]
+    assert experiment_main([*args, "--run-name", "alike", "--no-wandb"]) == 0
+    arms_dir = tmp_path / "alike" / "seeds" / "11" / "arms"
+
+    def rollouts(arm: str, iteration: int) -> tuple[dict, pd.DataFrame, int]:
+        folder = arms_dir / arm / "iterations" / f"{iteration:04d}"
+        info = json.loads((folder / "manifest.json").read_text())["stages"]["rollouts"]["info"]
+        journal = sum(len(p.read_text().splitlines()) for p in folder.glob("calls-*.jsonl"))
+        return info, pd.read_parquet(folder / "nodes.parquet"), journal
+
+    malt, malt_nodes, malt_calls = rollouts("malt", 0)
+    control, control_nodes, control_calls = rollouts("shuffled_labels", 0)
+    assert malt["replayed_calls"] == 0 and malt_calls > 0
+    assert control["replayed_calls"] == malt_calls and control_calls == 0
+    replies = [str(list(m)) for m in malt_nodes["raw_messages"]]
+    assert [str(list(m)) for m in control_nodes["raw_messages"]] == replies
+    assert (control_nodes["y"] != malt_nodes["y"]).any(), "the control's labels are shuffled"
+    cooler, _, cooler_calls = rollouts("cooler", 0)
+    assert cooler["replayed_calls"] == 0 and cooler_calls == malt_calls
+    for arm in arms:
+        assert rollouts(arm, 1)[0]["replayed_calls"] == 0

@@ -41,9 +41,29 @@ def batch_shards(paths: RunPaths, context: IterationContext, batch: str) -> list
 
 
 def journaled_by(paths: RunPaths, context: IterationContext, journal: str):
-    """Clients journaling to the parts of `journal` (a file of the iteration's folder)."""
+    """Clients journaling to the parts of `journal` (a file of the iteration's folder), and in
+    the first iteration replaying the rollout calls of `paths.replay_runs`."""
     path = paths.iteration_file(context.iteration, journal)
-    return chat_clients(context, lambda endpoint: journal_part(path, endpoint), paths.fs)
+    return chat_clients(
+        context,
+        lambda endpoint: journal_part(path, endpoint),
+        paths.fs,
+        lambda endpoint: sibling_journals(paths, endpoint) if context.iteration == 0 else [],
+    )
+
+
+def sibling_journals(paths: RunPaths, endpoint: int) -> list[str]:
+    """Endpoint `endpoint`'s rollout call journals of the first iteration of each of
+    `paths.replay_runs`: the stage's own (`calls-<i>.jsonl`) and its shards'
+    (`calls-shard-<n>-<i>.jsonl`). A call replays only where everything its answer depends on
+    is the same (`call_key`): the same model, prompt, sampling settings and call seed."""
+    found = []
+    for run_dir in paths.replay_runs:
+        folder = RunPaths(paths.fs, run_dir).iteration_dir(0)
+        found.append(journal_part(f"{folder}/{CALL_JOURNAL_FILE}", endpoint))
+        shards = paths.fs.glob(f"{folder}/{journal_part('calls-shard-*.jsonl', endpoint)}*")
+        found += sorted({shard.removesuffix(".d") for shard in shards})
+    return found
 
 
 async def _grow_shards(paths, context, settings, shards, progress) -> None:

@@ -55,10 +55,18 @@ def default_root() -> str:
 
 @dataclass(frozen=True)
 class RunPaths:
-    """Where one run's files live on one filesystem."""
+    """Where one run's files live on one filesystem.
+
+    `replay_runs`: folders of other runs (same filesystem) whose first iteration's rollout call
+    journals this run's first iteration replays, read and never written: an experiment's arms
+    that start from the same models with the same agents (a control beside `malt`) draw their
+    first rollouts once (`nip_core.play.rollout_stage.sibling_journals`). Later iterations
+    sample models of each run's own and replay nothing of another run.
+    """
 
     fs: fsspec.AbstractFileSystem
     run_dir: str
+    replay_runs: tuple[str, ...] = ()
 
     @classmethod
     def open(cls, root: str, run_name: str) -> RunPaths:
