@@ -1,7 +1,8 @@
 """The call journal replays finished model calls and survives a torn last line."""
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from nip_core.agents.call_journal import JournaledClient
 
@@ -118,3 +119,27 @@ def test_earlier_journals_are_replayed_but_never_written(tmp_path):
     assert inner.calls == 1
     # the new call is in this journal only; the earlier one is untouched
     assert len(own.read_text().splitlines()) == 1 and earlier.read_text() == before
+
+
+def test_sibling_journals_name_every_part_of_an_endpoint_in_the_first_iteration(tmp_path):
+    """A replayed run's stage journal and its shards' (appended files locally, `.d` folders of
+    segments on an object store), for one endpoint only."""
+    from nip_core.play.rollout_stage import sibling_journals
+    from nip_core.run.artifacts import RunPaths
+
+    other = RunPaths.open(str(tmp_path), "malt")
+    first = Path(other.iteration_dir(0))
+    first.mkdir(parents=True)
+    for name in ("calls-0.jsonl", "calls-1.jsonl", "calls-shard-00000-0.jsonl"):
+        (first / name).write_text("")
+    (first / "calls-shard-00001-0.jsonl.d").mkdir()  # segments, as on an object store
+    (first / "calls-shard-00001-10.jsonl").write_text("")  # endpoint 10, not 0
+    Path(other.iteration_dir(1)).mkdir(parents=True)
+    (Path(other.iteration_dir(1)) / "calls-shard-00000-0.jsonl").write_text("")
+    paths = replace(RunPaths.open(str(tmp_path), "control"), replay_runs=(other.run_dir,))
+    assert sibling_journals(paths, 0) == [
+        f"{first}/calls-0.jsonl",
+        f"{first}/calls-shard-00000-0.jsonl",
+        f"{first}/calls-shard-00001-0.jsonl",
+    ]
+    assert sibling_journals(RunPaths.open(str(tmp_path), "alone"), 0) == []
