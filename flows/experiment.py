@@ -34,7 +34,7 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +70,7 @@ from nip_core.experiment.config import (
     base_hyper_params,
     experiment_overrides,
     parse_settings,
+    samples_alike,
     seed_list,
     settings_with_overrides,
     split_config,
@@ -187,7 +188,8 @@ def run_seed(
             hp = with_seed(arm_hp, seed)
             if start is not None:
                 hp = started_from(hp, final_models[start])
-            replay = [arm_paths[other].run_dir for other in samples_alike(spec, arm, arm_paths)]
+            alike = samples_alike(spec.settings, spec.arms, arm, list(arm_paths))
+            replay = [arm_paths[other].run_dir for other in alike]
             with open_run(hp, arms_root, arm, inside=base_run, replay_runs=replay) as arm_run:
                 arm_paths[arm] = arm_run.paths
                 run_arm(arm_run, spec.settings, use_wandb, evaluate_start=start is not None)
@@ -201,22 +203,6 @@ def run_seed(
     ]
     training = training_table(arm_paths, seed, iterations)
     return pd.concat(frames, ignore_index=True), training, timings_table(arm_paths, seed)
-
-
-def samples_alike(spec: Experiment, arm: str, earlier: Iterable[str]) -> list[str]:
-    """The `earlier` arms whose rollout calls `arm` may replay: both start from the base models
-    (no `starts_from`) with the same agents (models, serving and sampling settings). A call
-    replays only where its key matches (prompt, model name, sampling, call seed), so this
-    guards what the key does not hold: which weights a model name stands for. A control with
-    its labels shuffled then draws exactly `malt`'s first rollouts; only its rewards differ."""
-    if arm_start(spec.settings, arm) is not None:
-        return []
-    return [
-        other
-        for other in earlier
-        if arm_start(spec.settings, other) is None
-        and spec.arms[other].agents == spec.arms[arm].agents
-    ]
 
 
 def started_from(hp: HyperParameters, models: dict[str, str]) -> HyperParameters:

@@ -301,12 +301,7 @@ def test_arms_that_sample_alike_draw_their_first_rollouts_once(prefect_harness, 
     iteration replays another arm's calls (its models are its own; the dummy backend's
     fine-tuned names are not, which a replay would not show)."""
     arms = {"malt": {}, "shuffled_labels": {}, "cooler": {"agents._default.temperature": 0.5}}
-    config = dict(
-        CONFIG,
-        rl={"rollouts_per_iteration": 24},  # enough pairs that every arm's verifier trains
-        pure_text_malt={"num_responses_per_timestep": 4},
-        experiment=dict(CONFIG["experiment"], arms=arms),
-    )
+    config = dict(CONFIG, experiment=dict(CONFIG["experiment"], arms=arms))
     args = ["--config", write_config(tmp_path, config), "--artifacts-root", str(tmp_path)]
     assert experiment_main([*args, "--run-name", "alike", "--no-wandb"]) == 0
     arms_dir = tmp_path / "alike" / "seeds" / "11" / "arms"

@@ -170,6 +170,26 @@ def arm_start(settings: ExperimentSettings, arm: str) -> str | None:
     return str(start) if start is not None else None
 
 
+def samples_alike(
+    settings: ExperimentSettings,
+    arms: Mapping[str, HyperParameters],
+    arm: str,
+    earlier: Sequence[str],
+) -> list[str]:
+    """The `earlier` arms whose rollout calls `arm` may replay: both start from the base models (no `starts_from`) with the same agents
+    (models, serving and sampling settings). A call replays only where its key matches (prompt,
+    model name, sampling, call seed), so this guards what the key does not hold: which weights
+    a model name stands for. A control with its labels shuffled then draws exactly `malt`'s
+    first rollouts; only its rewards differ."""
+    if arm_start(settings, arm) is not None:
+        return []
+    return [
+        other
+        for other in earlier
+        if arm_start(settings, other) is None and arms[other].agents == arms[arm].agents
+    ]
+
+
 def start_overrides(models: Mapping[str, str], agents: Sequence[str]) -> list[str]:
     """Overrides starting each of `agents` that `models` (agent -> model) holds from its model."""
     return [f"agents.{agent}.model_name={models[agent]}" for agent in agents if agent in models]
