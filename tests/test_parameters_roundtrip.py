@@ -133,6 +133,9 @@ def hyper_params(draw) -> HyperParameters:
     if labels != malt.trains_on_label_pairs:
         signal = "sampled_and_label_pairs" if labels else "sampled_pairs"
         malt = dataclasses.replace(malt, verifier_training_signal=signal)
+    # Sparing a settled label changes a balance that must be on (`check_training_signal`).
+    if malt.balance_spares_settled_labels and not malt.balance_verifier_by_label:
+        malt = dataclasses.replace(malt, balance_verifier_by_label=True)
     drawn = {name: draw(agents()) for name in names}
     served = [a for a in drawn.values() if a.model_provider == "SelfHosted" and not a.use_dummy_api]
     if served:  # one server serves the run: its self-hosted agents name the same one
