@@ -176,11 +176,11 @@ def samples_alike(
     arm: str,
     earlier: Sequence[str],
 ) -> list[str]:
-    """The `earlier` arms whose rollout calls `arm` may replay: both start from the base models (no `starts_from`) with the same agents
-    (models, serving and sampling settings). A call replays only where its key matches (prompt,
-    model name, sampling, call seed), so this guards what the key does not hold: which weights
-    a model name stands for. A control with its labels shuffled then draws exactly `malt`'s
-    first rollouts; only its rewards differ."""
+    """The `earlier` arms whose rollout calls `arm` may replay: both start from the base models
+    (no `starts_from`) with the same agents (models, serving and sampling settings). A call
+    replays only where its key matches (prompt, model name, sampling, call seed), so this guards
+    what the key does not hold: which weights a model name stands for. A control with its labels
+    shuffled then draws exactly `malt`'s first rollouts; only its rewards differ."""
     if arm_start(settings, arm) is not None:
         return []
     return [
