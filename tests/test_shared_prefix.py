@@ -248,6 +248,7 @@ def _train_log(
         learning_rate=1e-3,
         lora_dropout=0.0,
         prompt_gradients=prompt_gradients,
+        precision="fp32",  # the same sums either way; bf16 rounds them by the batch's shape
     )
     tokenizer = training.load_tokenizer(str(tiny_model_dir))
     model, peft_config, _ = training.load_for_training(str(tiny_model_dir), None, options)

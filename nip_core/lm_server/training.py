@@ -306,6 +306,12 @@ def context_length(model) -> int | None:
     return getattr(config, "max_position_embeddings", None)
 
 
+# LoRA's scaling, casts and sum at the adapter's rank instead of the layer's width
+# (`nip_core.lm_server.lean_lora`): the element-wise passes PEFT runs over every adapted layer's
+# output cost more than its product on the 2-core CPUs. False: PEFT's own forward.
+LEAN_LORA_FORWARD = True
+
+
 def build_trainer(options, model, tokenizer, rows, output_dir, peft_config=None, callbacks=()):
     """A ready TRL trainer over the TRL-format `rows`."""
     from datasets import Dataset
@@ -344,6 +350,10 @@ def build_trainer(options, model, tokenizer, rows, output_dir, peft_config=None,
         from nip_core.lm_server.lora_dropout import use_bulk_random_dropout
 
         use_bulk_random_dropout(trainer.model)
+    if LEAN_LORA_FORWARD:
+        from nip_core.lm_server.lean_lora import use_lean_lora_forward
+
+        use_lean_lora_forward(trainer.model)
     return trainer
 
 
