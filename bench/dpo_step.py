@@ -4,8 +4,9 @@
     python bench/dpo_step.py --tokens 500 --answer-words 2 --compare-shared-prompt
     python bench/dpo_step.py --tokens 470 --answer-words 6 --compare-lora-top-layers 10
     python bench/dpo_step.py --tokens 470 --answer-words 10 --compare-prompt-gradients
+    python bench/dpo_step.py --tokens 385 --answer-words 6 --compare-lean-lora --precision bf16
 
-Loads the embedded SmolLM2-135M-Instruct in fp32, builds TRL's `DPOTrainer` through the same
+Loads the embedded SmolLM2-135M-Instruct (`--precision`), builds TRL's `DPOTrainer` through the same
 code the server's training child uses (`nip_core.lm_server.training`, LoRA on all linear layers,
 batch 2 pairs of ~`--tokens` tokens each, two epochs), and times whole optimisation steps
 (data collation and optimizer included; model loading, tokenisation and the reference's
@@ -22,6 +23,9 @@ batch), and ends with `ratio shared_prompt/duplicated_prompt: <x>` (fastest step
 (`lora_top_layers`), and ends with `ratio top_N_layers/all_layers: <x>` (fastest steps).
 `--compare-prompt-gradients` times the shared prompt trained, then run without gradients
 (`prompt_gradients` false), and ends with `ratio frozen_prompt/trained_prompt: <x>`.
+`--compare-lean-lora` times PEFT's own LoRA forward, then ours (`nip_core.lm_server.lean_lora`,
+the default), and ends with `ratio lean_lora/peft_lora: <x>`; `--precision fp32|bf16` sets the
+frozen weights' type (default: auto, bf16 where the CPU multiplies it natively).
 """
 
 from __future__ import annotations
@@ -126,6 +130,7 @@ def measure(
     checkpointing: bool | None = None,
     lora_top_layers: int | None = None,
     prompt_gradients: bool = True,
+    precision: str = "auto",
 ) -> tuple[PairedClock, list[int]]:
     """Train `steps` DPO steps through the server's code path with interleaved baselines."""
     options = TrainingOptions(
@@ -137,6 +142,7 @@ def measure(
         activation_checkpointing=checkpointing,
         lora_top_layers=lora_top_layers,
         prompt_gradients=prompt_gradients,
+        precision=precision,
     )
     tokenizer = training.load_tokenizer(model_path)
     # 2 epochs of steps / 2, as jobs of several epochs
@@ -162,6 +168,8 @@ def main() -> None:
     parser.add_argument("--compare-shared-prompt", action="store_true")
     parser.add_argument("--compare-lora-top-layers", type=int, default=None, metavar="N")
     parser.add_argument("--compare-prompt-gradients", action="store_true")
+    parser.add_argument("--compare-lean-lora", action="store_true")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -181,7 +189,10 @@ def main() -> None:
     if args.compare_prompt_gradients:
         compare_prompt_gradients(run)
         return
-    clock, lengths = measure(*run)
+    if args.compare_lean_lora:
+        compare_lean_lora(run, args.precision)
+        return
+    clock, lengths = measure(*run, precision=args.precision)
     mean_step = statistics.mean(clock.steps)
     step, plain = statistics.median(clock.steps), statistics.median(clock.plain)
     best_step, best_plain = min(clock.steps), min(clock.plain)
@@ -233,6 +244,19 @@ def compare_prompt_gradients(run: tuple) -> None:
         steps = " ".join(f"{t:.2f}" for t in clock.steps)
         print(f"{name} prompt: sequence lengths {lengths}; dpo steps (s): {steps}")
     print(f"ratio frozen_prompt/trained_prompt: {fastest['frozen'] / fastest['trained']:.2f}")
+
+
+def compare_lean_lora(run: tuple, precision: str) -> None:
+    """The same steps with PEFT's LoRA forward, then the lean one (the server's default)."""
+    fastest = {}
+    for lean in (False, True):
+        training.LEAN_LORA_FORWARD = lean
+        clock, lengths = measure(*run, checkpointing=False, precision=precision)
+        name = "lean" if lean else "peft"
+        fastest[name] = min(clock.steps)
+        steps = " ".join(f"{t:.2f}" for t in clock.steps)
+        print(f"{name} LoRA ({precision}): sequence lengths {lengths}; dpo steps (s): {steps}")
+    print(f"ratio lean_lora/peft_lora: {fastest['lean'] / fastest['peft']:.2f}")
 
 
 if __name__ == "__main__":
