@@ -4,10 +4,10 @@ PEFT's `Linear.forward` adds an adapter as `result + lora_B(lora_A(x.to(fp32))) 
 then casts the sum back to the base layer's type. Every one of those steps but the two small
 products runs over the layer's whole output (tokens x 576 or x 1536): a cast of the input to
 fp32, the product with B written in fp32, its scaling, the sum, the cast back, and the same
-again in the backward pass. On the 2-core CPUs of `bench/dpo_roofline.py` these element-wise
-passes cost more than the base layer's own product (a profiled step of the recipe in bf16:
-casts 17 %, multiplications 13 % of the CPU time, the products 33 %), so bf16 frozen weights
-ran no faster than fp32 ones although the cores multiply bf16 2.5-5x faster.
+again in the backward pass. On a 2-core AMX Xeon these element-wise passes cost about as much
+as the products (a profiled bf16 step of 385-token pairs with short answers: casts 17 %,
+multiplications 13 % of the CPU time, the products 33 %), and bf16 frozen weights ran the
+recipe's step no faster than fp32 ones although the cores multiply bf16 2.5-5x faster.
 
 Here the scaling multiplies the rank-wide intermediate (tokens x 16) and the product with B is
 added into the base layer's output by one `addmm`, in the base layer's type: the adapter's
