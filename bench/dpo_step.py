@@ -6,9 +6,9 @@
     python bench/dpo_step.py --tokens 470 --answer-words 10 --compare-prompt-gradients
     python bench/dpo_step.py --tokens 385 --answer-words 6 --compare-lean-lora --precision bf16
 
-Loads the embedded SmolLM2-135M-Instruct (`--precision`), builds TRL's `DPOTrainer` through the same
-code the server's training child uses (`nip_core.lm_server.training`, LoRA on all linear layers,
-batch 2 pairs of ~`--tokens` tokens each, two epochs), and times whole optimisation steps
+Loads the embedded SmolLM2-135M-Instruct (`--precision`), builds TRL's `DPOTrainer` through the
+same code the server's training child uses (`nip_core.lm_server.training`, LoRA on all linear
+layers, batch 2 pairs of ~`--tokens` tokens each, two epochs), and times whole optimisation steps
 (data collation and optimizer included; model loading, tokenisation and the reference's
 log-probabilities, which a job of several epochs computes once before the first step,
 excluded) between consecutive step-end callbacks. The baseline is a plain fp32
