@@ -205,6 +205,15 @@ def main() -> None:
     print(f"ratio dpo_step/forward_backward: {best_step / best_plain:.2f}")
 
 
+def timed_variant(run: tuple, label: str, **options) -> float:
+    """Time `run`'s steps with `options` on the experiment configs' path (the prompt run once,
+    no activation checkpointing), print them under `label`; the fastest step."""
+    clock, lengths = measure(*run, checkpointing=False, **options)
+    steps = " ".join(f"{t:.2f}" for t in clock.steps)
+    print(f"{label}: sequence lengths {lengths}; dpo steps (s): {steps}")
+    return min(clock.steps)
+
+
 def compare_shared_prompt(run: tuple) -> None:
     """The same steps with the pair's prompt duplicated (TRL's batch), then run once."""
     fastest = {}
@@ -212,37 +221,26 @@ def compare_shared_prompt(run: tuple) -> None:
         training.SHARE_PAIR_PROMPTS = shared
         # The prompt is shared only without activation checkpointing (which runs without a
         # cache), as the experiment configs train (`training_activation_checkpointing: false`).
-        clock, lengths = measure(*run, checkpointing=False)
         name = "shared" if shared else "duplicated"
-        fastest[name] = min(clock.steps)
-        steps = " ".join(f"{t:.2f}" for t in clock.steps)
-        print(f"{name} prompt: sequence lengths {lengths}; dpo steps (s): {steps}")
+        fastest[name] = timed_variant(run, f"{name} prompt")
     print(f"ratio shared_prompt/duplicated_prompt: {fastest['shared'] / fastest['duplicated']:.2f}")
 
 
 def compare_lora_top_layers(run: tuple, count: int) -> None:
-    """The same steps with LoRA on every layer, then on the last `count` only (the experiment
-    configs' path: the prompt run once, no activation checkpointing)."""
+    """The same steps with LoRA on every layer, then on the last `count` only."""
     fastest = {}
     for top in (None, count):
-        clock, lengths = measure(*run, checkpointing=False, lora_top_layers=top)
         name = "all layers" if top is None else f"top {top} layers"
-        fastest[top] = min(clock.steps)
-        steps = " ".join(f"{t:.2f}" for t in clock.steps)
-        print(f"LoRA on {name}: sequence lengths {lengths}; dpo steps (s): {steps}")
+        fastest[top] = timed_variant(run, f"LoRA on {name}", lora_top_layers=top)
     print(f"ratio top_{count}_layers/all_layers: {fastest[count] / fastest[None]:.2f}")
 
 
 def compare_prompt_gradients(run: tuple) -> None:
-    """The same steps with the shared prompt trained, then run without gradients (the
-    experiment configs' path otherwise: the prompt run once, no activation checkpointing)."""
+    """The same steps with the shared prompt trained, then run without gradients."""
     fastest = {}
     for prompt_gradients in (True, False):
-        clock, lengths = measure(*run, checkpointing=False, prompt_gradients=prompt_gradients)
         name = "trained" if prompt_gradients else "frozen"
-        fastest[name] = min(clock.steps)
-        steps = " ".join(f"{t:.2f}" for t in clock.steps)
-        print(f"{name} prompt: sequence lengths {lengths}; dpo steps (s): {steps}")
+        fastest[name] = timed_variant(run, f"{name} prompt", prompt_gradients=prompt_gradients)
     print(f"ratio frozen_prompt/trained_prompt: {fastest['frozen'] / fastest['trained']:.2f}")
 
 
@@ -251,11 +249,8 @@ def compare_lean_lora(run: tuple, precision: str) -> None:
     fastest = {}
     for lean in (False, True):
         training.LEAN_LORA_FORWARD = lean
-        clock, lengths = measure(*run, checkpointing=False, precision=precision)
         name = "lean" if lean else "peft"
-        fastest[name] = min(clock.steps)
-        steps = " ".join(f"{t:.2f}" for t in clock.steps)
-        print(f"{name} LoRA ({precision}): sequence lengths {lengths}; dpo steps (s): {steps}")
+        fastest[name] = timed_variant(run, f"{name} LoRA ({precision})", precision=precision)
     print(f"ratio lean_lora/peft_lora: {fastest['lean'] / fastest['peft']:.2f}")
 
 
