@@ -96,7 +96,8 @@ def test_sharing_the_prompt_gives_the_same_log_probs_and_gradients(tiny_model_di
     assert not shared_prefix.share_pair_prefixes(backbone)  # patched once
     shared, grads = _log_probs_and_lora_grads(model, ids, mask, labels)
 
-    assert calls == [(2, 20), (4, ids.shape[1] - 20)]  # the prompt once, then the rest
+    # Each pair's prompt once (20 and 23 tokens), then each row's remainder (3-5 tokens).
+    assert calls == [(2, 23), (4, 5)]
     assert torch.allclose(shared, expected, atol=1e-5)
     assert (shared != 0).sum() == (labels[:, 1:] != -100).sum()
     assert expected_grads.keys() == grads.keys() and any("lora_A" in n for n in grads)
@@ -169,7 +170,7 @@ def test_a_backbone_that_cannot_share_runs_the_plain_call_and_warns_once(backbon
 
     for output in outputs:
         assert torch.equal(output, expected)
-    tried = [(2, 20), (4, ids.shape[1] - 20)] if backbone_type is _IgnoresItsCache else []
+    tried = [(2, 23), (4, 5)] if backbone_type is _IgnoresItsCache else []
     assert backbone.calls == tried + [tuple(ids.shape)] * 2  # tried at most once
     warnings = [r for r in caplog.records if r.name == shared_prefix.__name__]
     assert len(warnings) == 1 and "prompt twice" in warnings[0].getMessage()
@@ -215,10 +216,12 @@ def test_a_frozen_prompt_gives_the_same_log_probs_and_trains_through_the_answers
 
     trained, trained_grads, trained_calls, trained_states = runs[True]
     frozen, grads, calls, states = runs[False]
-    assert trained_calls == [(2, 20), (4, ids.shape[1] - 20)]
-    assert trained_states[0].grad.abs().sum(dim=-1).gt(0).all()  # the prompt trains
-    # Frozen, the prompts' 20th shared token runs with the answers: it predicts their first.
-    assert calls == [(2, 19), (4, ids.shape[1] - 19)]
+    assert trained_calls == [(2, 23), (4, 5)]
+    prompt_grads = trained_states[0].grad.abs().sum(dim=-1)
+    assert prompt_grads[0, :20].gt(0).all() and prompt_grads[1].gt(0).all()  # the prompts train
+    assert prompt_grads[0, 20:].eq(0).all()  # the shorter prompt's padding does not
+    # Frozen, each prompt's last token (20th, 23rd) runs with the answers: it predicts their first.
+    assert calls == [(2, 22), (4, 6)]
     assert torch.allclose(frozen, expected, atol=1e-5)
     assert torch.allclose(trained, expected, atol=1e-5)
     assert not states[0].requires_grad  # no gradient reaches the 19 frozen positions
@@ -230,20 +233,25 @@ def test_a_frozen_prompt_gives_the_same_log_probs_and_trains_through_the_answers
 
 
 def _train_log(
-    tiny_model_dir, tmp_path, share: bool, monkeypatch, prompt_gradients: bool = True
-) -> tuple[list[dict], list[tuple[int, bool]]]:
-    """The trainer's loss log and (shared positions, frozen) of each shared call."""
+    tiny_model_dir,
+    tmp_path,
+    share: bool,
+    monkeypatch,
+    prompt_gradients: bool = True,
+    batch_size: int = 1,
+) -> tuple[list[dict], list[tuple[list[int], bool]]]:
+    """The trainer's loss log and (each pair's shared positions, frozen) of each shared call."""
     monkeypatch.setattr(training, "SHARE_PAIR_PROMPTS", share)
     shared_calls = []
     monkeypatch.setattr(
         shared_prefix,
         "_forward_sharing_prefix",
-        lambda *args: shared_calls.append((args[3], args[6])) or FORWARD_SHARING_PREFIX(*args),
+        lambda *args: shared_calls.append((args[3].tolist(), args[6])) or FORWARD_SHARING_PREFIX(*args),
     )
     torch.manual_seed(0)
     options = TrainingOptions(
         method="dpo",
-        batch_size=1,
+        batch_size=batch_size,
         n_epochs=2,
         learning_rate=1e-3,
         lora_dropout=0.0,
@@ -255,7 +263,8 @@ def _train_log(
     question = "Is this function correct? def add(a, b): return a - b  # adds two numbers"
     rows = [
         {
-            "prompt": [{"role": "user", "content": f"{question} (case {i})"}],
+            # prompts of their own lengths: a batch of both pairs pads the shorter one
+            "prompt": [{"role": "user", "content": f"{question} (case {i}{' again' * 3 * i})"}],
             "chosen": [{"role": "assistant", "content": "Decision: reject"}],
             "rejected": [{"role": "assistant", "content": "Decision: accept"}],
         }
@@ -271,13 +280,23 @@ def _train_log(
     return [entry for entry in trainer.state.log_history if "loss" in entry], shared_calls
 
 
-def test_dpo_trainer_trains_the_same_with_the_prompt_shared(tiny_model_dir, tmp_path, monkeypatch):
-    """TRL's whole step (precomputed reference, loss, margins) matches the duplicated batch."""
-    unshared, unshared_calls = _train_log(tiny_model_dir, tmp_path, False, monkeypatch)
-    shared, shared_calls = _train_log(tiny_model_dir, tmp_path, True, monkeypatch)
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_dpo_trainer_trains_the_same_with_the_prompt_shared(
+    tiny_model_dir, tmp_path, monkeypatch, batch_size
+):
+    """TRL's whole step (precomputed reference, loss, margins) matches the duplicated batch,
+    one pair a batch or both, their prompts of different lengths."""
+    args = (tiny_model_dir, tmp_path, False, monkeypatch, True, batch_size)
+    unshared, unshared_calls = _train_log(*args)
+    shared, shared_calls = _train_log(tiny_model_dir, tmp_path, True, *args[3:])
     assert unshared_calls == []
-    assert len(shared_calls) == 2 + 4  # the reference's pass over both pairs, then 4 steps
-    assert len(shared) == len(unshared) == 4
+    steps = 4 // batch_size
+    # the reference's pass over both pairs, then the steps; each call shares every pair's prompt
+    assert len(shared_calls) == 2 // batch_size + steps
+    assert all(len(lengths) == batch_size for lengths, _ in shared_calls)
+    if batch_size == 2:
+        assert len(set(shared_calls[0][0])) == 2  # prompts of their own lengths, one call
+    assert len(shared) == len(unshared) == steps
     for ours, theirs in zip(shared, unshared, strict=True):
         for key in ("loss", "rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected"):
             assert ours[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-5), key
@@ -292,7 +311,7 @@ def test_dpo_trainer_with_a_frozen_prompt_starts_alike_and_trains_otherwise(
     # shared position.
     assert [f for _, f in frozen_calls] == [False] * 2 + [True] * 4
     assert [n for n, _ in frozen_calls] == [n for n, _ in shared_calls[:2]] + [
-        n - 1 for n, _ in shared_calls[2:]
+        [length - 1 for length in n] for n, _ in shared_calls[2:]
     ]
     assert len(frozen) == len(shared) == 4
     assert frozen[0]["loss"] == pytest.approx(shared[0]["loss"], rel=1e-5)  # the same first step

@@ -35,14 +35,17 @@ log = logging.getLogger(__name__)
 MIN_SHARED_TOKENS = 16
 
 
-def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> int:
-    """Tokens every row `i` of the first half shares with row `i` of the second, from the
-    start, all of them real (not padding); 0 where the batch is not two equal halves."""
+def pair_shared_lengths(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+) -> torch.Tensor | None:
+    """For each pair `i`, the tokens row `i` of the first half shares with row `i` of the
+    second, from the start, all of them real (not padding), at most all but the last column;
+    None where the batch is not two equal halves."""
     import torch
 
     rows = input_ids.shape[0]
     if input_ids.dim() != 2 or rows < 2 or rows % 2:
-        return 0
+        return None
     half = rows // 2
     same = input_ids[:half] == input_ids[half:]
     if attention_mask is not None:
@@ -50,7 +53,14 @@ def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor |
         same &= real[:half] & real[half:]
     leading = same.to(torch.int32).cumprod(dim=1).sum(dim=1)
     # Keep at least one position per row for the second call.
-    return min(int(leading.min()), input_ids.shape[1] - 1)
+    return leading.clamp(max=input_ids.shape[1] - 1)
+
+
+def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> int:
+    """The fewest tokens any pair of the batch shares (`pair_shared_lengths`); 0 where the
+    batch is not two equal halves."""
+    lengths = pair_shared_lengths(input_ids, attention_mask)
+    return 0 if lengths is None else int(lengths.min())
 
 
 def _can_share(backbone: torch.nn.Module, input_ids, kwargs: dict[str, Any]) -> bool:
@@ -77,40 +87,66 @@ def declared_cache_keyword(backbone: torch.nn.Module) -> str | None:
 
 
 def _forward_sharing_prefix(
-    original, input_ids, attention_mask, shared: int, kwargs, keyword, frozen: bool = False
+    original, input_ids, attention_mask, lengths, kwargs, keyword, frozen: bool = False
 ):
-    """The backbone's output for the whole batch, its first `shared` positions run once (without
-    gradients where `frozen`); None where the second call did not extend the prompt's cache (it
-    ran without the prompt)."""
+    """The backbone's output for the whole batch, the first `lengths[i]` positions of pair `i`
+    run once (without gradients where `frozen`); None where the second call did not extend the
+    prompts' cache (it ran without them).
+
+    Pairs of one batch have prompts of their own lengths: the prompts run as one right-padded
+    batch, and each row's remaining tokens (from its pair's shared length on, the padding left
+    at the end) as a second, at their own positions, attending to their own prompt only. The
+    second call is as wide as the longest remainder, not the batch less the shortest prompt.
+    """
     import torch
 
-    half = input_ids.shape[0] // 2
+    rows, width = input_ids.shape
+    half = rows // 2
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     # Given here for each call; `_can_share` let through only None for the cache keys.
     kwargs = {k: v for k, v in kwargs.items() if k not in ("use_cache", "cache", "past_key_values")}
+    prompt_width = int(lengths.max())
+    prompt_mask = (torch.arange(prompt_width, device=mask.device) < lengths[:, None]).to(mask.dtype)
     with torch.no_grad() if frozen else contextlib.nullcontext():
         prefix = original(
-            input_ids=input_ids[:half, :shared],
-            attention_mask=mask[:half, :shared],
+            input_ids=input_ids[:half, :prompt_width],
+            attention_mask=prompt_mask,
             use_cache=True,
             **kwargs,
         )
     cache = prefix.cache if hasattr(prefix, "cache") else getattr(prefix, "past_key_values", None)
-    if cache is None or cache.get_seq_length() != shared:
+    if cache is None or cache.get_seq_length() != prompt_width:
         return None
     both_halves = torch.arange(half, device=input_ids.device).repeat(2)
     cache.reorder_cache(both_halves)
+
+    starts = lengths.repeat(2)[:, None]  # each row's first unshared position
+    row_ends = mask.shape[1] - mask.flip(1).to(torch.int64).argmax(dim=1)  # right padding
+    rest_width = int((row_ends[:, None] - starts).max())
+    positions = starts + torch.arange(rest_width, device=input_ids.device)
+    inside = positions < width
+    taken = positions.clamp(max=width - 1)
     rest = original(
-        input_ids=input_ids[:, shared:],
-        attention_mask=mask,
+        input_ids=input_ids.gather(1, taken),
+        attention_mask=torch.cat(
+            [prompt_mask[both_halves], mask.gather(1, taken) * inside.to(mask.dtype)], dim=1
+        ),
+        position_ids=positions,
         use_cache=False,
         **{keyword: cache},
         **kwargs,
     )
     # Each layer appends the answers' keys to the cache it attends with.
-    if cache.get_seq_length() != input_ids.shape[1]:
+    if cache.get_seq_length() != prompt_width + rest_width:
         return None
-    hidden = torch.cat([prefix.last_hidden_state.repeat(2, 1, 1), rest.last_hidden_state], dim=1)
+    hidden = torch.cat([prefix.last_hidden_state[both_halves], rest.last_hidden_state], dim=1)
+    if not (lengths == prompt_width).all() or prompt_width + rest_width != width:
+        # Back to the batch's columns: a row's own prompt, then its remainder; the columns of
+        # padding past the remainder take its last state (no loss reads them).
+        column = torch.arange(width, device=input_ids.device)
+        index = torch.where(column < starts, column, prompt_width + column - starts)
+        index = index.clamp(max=prompt_width + rest_width - 1)
+        hidden = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
     return type(rest)(last_hidden_state=hidden)
 
 
@@ -143,14 +179,19 @@ def share_pair_prefixes(backbone: torch.nn.Module, *, prompt_gradients: bool = T
         import torch
 
         if keyword is not None and _can_share(backbone, input_ids, kwargs):
-            shared = shared_prefix_length(input_ids, attention_mask)
+            lengths = pair_shared_lengths(input_ids, attention_mask)
             frozen = not prompt_gradients and torch.is_grad_enabled()
             # Frozen, the last shared position runs with the answers: it predicts their first
             # differing token.
-            shared -= int(frozen)
-            if shared >= MIN_SHARED_TOKENS:
+            if lengths is not None and int(lengths.min()) - frozen >= MIN_SHARED_TOKENS:
                 output = _forward_sharing_prefix(
-                    original, input_ids, attention_mask, shared, kwargs, keyword, frozen
+                    original,
+                    input_ids,
+                    attention_mask,
+                    lengths - int(frozen),
+                    kwargs,
+                    keyword,
+                    frozen,
                 )
                 if output is not None:
                     return output
