@@ -246,7 +246,9 @@ def _train_log(
     monkeypatch.setattr(
         shared_prefix,
         "_forward_sharing_prefix",
-        lambda *args: shared_calls.append((args[3].tolist(), args[6])) or FORWARD_SHARING_PREFIX(*args),
+        lambda *args: (
+            shared_calls.append((args[3].tolist(), args[6])) or FORWARD_SHARING_PREFIX(*args)
+        ),
     )
     torch.manual_seed(0)
     options = TrainingOptions(
