@@ -5,7 +5,9 @@
 
 An experiment summarises the seeds it ran; seeds run one experiment at a time (a session's
 time, a control added later) have no summary together. This reads every finished seed of the
-given experiment folders (`seeds/<seed>/{rows,training,timings}.parquet`), refuses a seed that
+given experiment folders (`seeds/<seed>/{rows,training,timings}.parquet`) and result folders it
+wrote before (`docs/results/<name>/`: their experiment, training and summary tables, so that a
+published result takes new seeds whose artifacts are all that is left), refuses a seed that
 two of them hold, and writes experiment.parquet, summary.parquet, training.parquet,
 experiment.png and experiment.html for all of them into `--out`, as the experiment would: arms
 a seed did not run are summarised over the seeds that ran them. `provenance.json` carries the
@@ -25,6 +27,9 @@ import pandas as pd
 from nip_core.experiment.seed_outputs import finished_seed, write_outputs
 from nip_core.run import provenance
 from nip_core.run.artifacts import RunPaths
+from nip_core.run.iteration_files import EXPERIMENT_FILE, SUMMARY_FILE, TRAINING_FILE
+
+TIMING_COLUMNS = ["seed", "arm", "iteration", "train_model_calls", "wall_seconds"]
 
 
 def finished_seeds(folder: Path) -> dict[int, tuple]:
@@ -35,16 +40,43 @@ def finished_seeds(folder: Path) -> dict[int, tuple]:
     return {seed: result for seed, result in found.items() if result is not None}
 
 
+def published_seeds(folder: Path) -> dict[int, tuple]:
+    """Seed -> (rows, training, timings) of every seed of a result folder: its rows and
+    training tables split by seed, its timings from the summary's per-seed rows."""
+    rows = pd.read_parquet(folder / EXPERIMENT_FILE)
+    training = pd.read_parquet(folder / TRAINING_FILE)
+    summary = pd.read_parquet(folder / SUMMARY_FILE)
+    timed = summary[(summary["scope"] == "seed") & summary["wall_seconds"].notna()]
+    timings = timed[TIMING_COLUMNS].astype({"seed": "int64", "iteration": "int64"})
+
+    def of(frame: pd.DataFrame, seed: int) -> pd.DataFrame:
+        return frame[frame["seed"] == seed].reset_index(drop=True)
+
+    return {
+        int(seed): (of(rows, seed), of(training, seed), of(timings, seed))
+        for seed in sorted(rows["seed"].unique())
+    }
+
+
+def seeds_of(folder: Path) -> dict[int, tuple]:
+    """An experiment folder's finished seeds, or a result folder's seeds."""
+    if not (folder / "seeds").is_dir() and (folder / EXPERIMENT_FILE).is_file():
+        return published_seeds(folder)
+    return finished_seeds(folder)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("experiments", nargs="+", type=Path, help="experiment folders")
+    parser.add_argument(
+        "experiments", nargs="+", type=Path, help="experiment folders or result folders"
+    )
     parser.add_argument("--out", type=Path, required=True, help="the folder to write")
     parser.add_argument("--resamples", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0, help="the bootstrap's seed")
     args = parser.parse_args()
     results: dict[int, tuple] = {}
     for folder in args.experiments:
-        for seed, result in finished_seeds(folder).items():
+        for seed, result in seeds_of(folder).items():
             if seed in results:
                 parser.error(f"seed {seed} is in more than one of the experiments given")
             results[seed] = result

@@ -208,16 +208,17 @@ def test_seeds_run_every_arm_and_a_rerun_skips_finished_seeds(prefect_harness, t
 
 
 def check_combined_summary(folder: Path, summary: pd.DataFrame, out: Path) -> None:
-    """scripts/combine_experiments.py on the experiment's own seeds gives its summary; a seed
-    that two experiments hold is refused."""
+    """scripts/combine_experiments.py on the experiment's own seeds gives its summary, and
+    again from the result folder it wrote (timings included); a seed that two folders hold is
+    refused."""
     import subprocess
     import sys
 
     repo = Path(__file__).resolve().parent.parent
     script = repo / "scripts" / "combine_experiments.py"
-    command = [sys.executable, str(script), "--out", str(out), "--resamples", "100"]
 
-    def run(*folders: Path) -> subprocess.CompletedProcess:
+    def run(*folders: Path, into: Path = out) -> subprocess.CompletedProcess:
+        command = [sys.executable, str(script), "--out", str(into), "--resamples", "100"]
         env = {**os.environ, "PYTHONPATH": str(repo)}
         return subprocess.run(
             [*command, *map(str, folders)], capture_output=True, text=True, env=env
@@ -233,6 +234,16 @@ def check_combined_summary(folder: Path, summary: pd.DataFrame, out: Path) -> No
     pd.testing.assert_frame_equal(got, expected)  # the point estimates; CIs are resampled
     twice = run(folder, folder)
     assert twice.returncode == 2 and "seed 5 is in more than one" in twice.stderr
+
+    published = out.parent / f"{out.name}-again"
+    again = run(out, into=published)  # the result folder as the input
+    assert again.returncode == 0, again.stderr
+    republished = pd.read_parquet(published / "summary.parquet")
+    columns += ["wall_seconds", "train_model_calls"]
+    for frame in (combined, republished):
+        frame.sort_values(keys, na_position="first", inplace=True, ignore_index=True)
+    pd.testing.assert_frame_equal(republished[columns], combined[columns])
+    assert run(folder, out).returncode == 2  # the same seeds, published and not
 
 
 def load_split_labels(seed: int) -> dict[int, int]:
