@@ -54,3 +54,19 @@ def test_combined_provenance_keeps_every_invocation_and_arm():
     assert combined["configuration"] == {"malt": {"seed": 1}} and len(combined["sources"]) == 2
     assert combined["wall_time"] == 1800.0  # the unfinished invocation is not counted
     assert not [f for f in provenance.RESULT_FIELDS if f not in combined]
+
+    # A result folder combined with a new experiment keeps every earlier invocation.
+    newest = run | {"commit": "c" * 40}
+    again = provenance.result_provenance(
+        {"published": combined, "e3": {"invocations": [newest], "arms": {"nip": {}}}}, ["again"]
+    )
+    assert again["commit"] == ["a" * 40, "b" * 40, "c" * 40]
+    assert [s["experiment"] for s in again["sources"]] == ["e1", "e2", "e3"]
+    assert set(again["command"]) == {"e1", "e2", "e3"} and again["wall_time"] == 3600.0
+    assert again["configuration"] == {"malt": {"seed": 1}, "nip": {}}
+    # ... and a run folder published before and extended since stays one experiment
+    extended = provenance.result_provenance(
+        {"published": combined, "e2": {"invocations": [newest]}}, ["extended"]
+    )
+    assert [s["experiment"] for s in extended["sources"]] == ["e1", "e2", "e2"]
+    assert len(extended["command"]["e2"]) == 1  # the same command twice, listed once

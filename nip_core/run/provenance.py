@@ -197,6 +197,15 @@ def result_provenance(experiments: dict[str, dict[str, Any]], command: list[str]
     combines (folder name -> file contents): every invocation kept under `sources`; the
     commits, machines and commands they ran with; each arm's configuration (the first
     experiment's where several ran an arm); the summed wall time of the invocations."""
+    flat: dict[str, dict[str, Any]] = {}
+    for folder, data in experiments.items():
+        for name, record in experiment_records(folder, data).items():
+            if name not in flat:
+                flat[name] = {"invocations": [], "arms": {}}
+            # the same run folder published before and extended since: one experiment
+            flat[name]["invocations"] += record.get("invocations", [])
+            flat[name]["arms"] = (record.get("arms") or {}) | flat[name]["arms"]
+    experiments = flat
     runs = [
         dict(r, experiment=name)
         for name, data in experiments.items()
@@ -228,6 +237,23 @@ def result_provenance(experiments: dict[str, dict[str, Any]], command: list[str]
         "combined_by": command,
         "sources": runs,
     }
+
+
+def experiment_records(folder: str, data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Experiment name -> its provenance file's contents: the folder's own, or, for a result
+    folder combined before (its `sources`), each experiment it drew on, as that file read."""
+    if "sources" not in data:
+        return {folder: data}
+    arms = data.get("configuration")
+    records: dict[str, dict[str, Any]] = {}
+    for source in data["sources"]:
+        run = {k: v for k, v in source.items() if k != "experiment"}
+        name = source.get("experiment", folder)
+        records.setdefault(
+            name, {"invocations": [], "arms": arms if isinstance(arms, dict) else {}}
+        )
+        records[name]["invocations"].append(run)
+    return records
 
 
 def distinct_commands(data: dict[str, Any]) -> list[list[str]] | str:
