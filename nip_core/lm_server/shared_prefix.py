@@ -86,6 +86,16 @@ def declared_cache_keyword(backbone: torch.nn.Module) -> str | None:
     return next((name for name in ("cache", "past_key_values") if name in parameters), None)
 
 
+def remainder_positions(mask: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """Each row's positions from its `starts` on, as many as the longest remainder of a real
+    (right-padded) row needs; past a row's end they run on beyond the batch's width."""
+    import torch
+
+    row_ends = mask.shape[1] - mask.flip(1).to(torch.int64).argmax(dim=1)
+    rest_width = int((row_ends[:, None] - starts).max())
+    return starts + torch.arange(rest_width, device=mask.device)
+
+
 def _forward_sharing_prefix(
     original, input_ids, attention_mask, lengths, kwargs, keyword, frozen: bool = False
 ):
@@ -121,21 +131,18 @@ def _forward_sharing_prefix(
     cache.reorder_cache(both_halves)
 
     starts = lengths.repeat(2)[:, None]  # each row's first unshared position
-    row_ends = mask.shape[1] - mask.flip(1).to(torch.int64).argmax(dim=1)  # right padding
-    rest_width = int((row_ends[:, None] - starts).max())
-    positions = starts + torch.arange(rest_width, device=input_ids.device)
-    inside = positions < width
+    positions = remainder_positions(mask, starts)
     taken = positions.clamp(max=width - 1)
+    inside = (positions < width).to(mask.dtype)
     rest = original(
         input_ids=input_ids.gather(1, taken),
-        attention_mask=torch.cat(
-            [prompt_mask[both_halves], mask.gather(1, taken) * inside.to(mask.dtype)], dim=1
-        ),
+        attention_mask=torch.cat([prompt_mask[both_halves], mask.gather(1, taken) * inside], dim=1),
         position_ids=positions,
         use_cache=False,
         **{keyword: cache},
         **kwargs,
     )
+    rest_width = positions.shape[1]
     # Each layer appends the answers' keys to the cache it attends with.
     if cache.get_seq_length() != prompt_width + rest_width:
         return None
