@@ -70,16 +70,16 @@ def _log_probs_and_lora_grads(model, ids, mask, labels):
     return out.log_probs.detach(), grads
 
 
-def test_shared_prefix_length_counts_real_common_tokens():
+def test_pair_shared_lengths_count_real_common_tokens():
     ids = torch.tensor([[1, 2, 3, 4, 5], [1, 2, 3, 9, 9], [1, 2, 3, 4, 6], [1, 2, 7, 9, 9]])
-    shared_prefix_length = shared_prefix.shared_prefix_length
-    assert shared_prefix_length(ids, None) == 2  # rows 0/2 share 4, rows 1/3 share 2
+    lengths = shared_prefix.pair_shared_lengths
+    assert lengths(ids, None).tolist() == [4, 2]  # rows 0/2 share 4, rows 1/3 share 2
     mask = torch.ones_like(ids)
     mask[0, 3:] = 0  # padding never counts as shared
-    assert shared_prefix_length(ids, mask) == 2
-    assert shared_prefix_length(ids[:3], None) == 0  # not two halves
+    assert lengths(ids, mask).tolist() == [3, 2]
+    assert lengths(ids[:3], None) is None  # not two halves
     same = torch.tensor([[1, 2, 3], [1, 2, 3]])
-    assert shared_prefix_length(same, None) == 2  # one position left for the second call
+    assert lengths(same, None).tolist() == [2]  # one position left for the second call
 
 
 def test_sharing_the_prompt_gives_the_same_log_probs_and_gradients(tiny_model_dir, monkeypatch):

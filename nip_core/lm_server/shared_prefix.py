@@ -56,13 +56,6 @@ def pair_shared_lengths(
     return leading.clamp(max=input_ids.shape[1] - 1)
 
 
-def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> int:
-    """The fewest tokens any pair of the batch shares (`pair_shared_lengths`); 0 where the
-    batch is not two equal halves."""
-    lengths = pair_shared_lengths(input_ids, attention_mask)
-    return 0 if lengths is None else int(lengths.min())
-
-
 def _can_share(backbone: torch.nn.Module, input_ids, kwargs: dict[str, Any]) -> bool:
     """Only the plain training/scoring call: ids given, no cache, no explicit positions, and
     no activation checkpointing (which runs without a cache)."""
