@@ -7,7 +7,7 @@
 The path users run: `python -m nip_core.lm_server --engine transformers` as a child process, the
 real `openai` SDK uploading the recipe's own pairs and creating a DPO job with the options the
 experiment sends (`configs/experiment-cpu-easy.yaml`, its `malt` arm: LoRA rank 16 on every
-layer, batch 1 with 2 accumulated, its learning rate, RPO, the file's order, no activation
+layer, both pairs of a step in one batch, its learning rate, RPO, the file's order, no activation
 checkpointing), and the training child timing every step (`step_seconds` in its events). The
 pairs are the verifier's own sampled replies that the recipe trained on in its second iteration
 (`docs/results/short-solution-acceptance/seeds/6198/pairs/`, the first `--pairs`).
