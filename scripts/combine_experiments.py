@@ -24,12 +24,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from nip_core.experiment.seed_outputs import finished_seed, write_outputs
+from nip_core.experiment.seed_outputs import TIMING_COLUMNS, finished_seed, write_outputs
 from nip_core.run import provenance
 from nip_core.run.artifacts import RunPaths
 from nip_core.run.iteration_files import EXPERIMENT_FILE, SUMMARY_FILE, TRAINING_FILE
-
-TIMING_COLUMNS = ["seed", "arm", "iteration", "train_model_calls", "wall_seconds"]
 
 
 def finished_seeds(folder: Path) -> dict[int, tuple]:

@@ -76,6 +76,10 @@ def record_timing(paths: RunPaths, iteration: int, seconds: float) -> None:
         write_json(paths.fs, f"{paths.run_dir}/{EXPERIMENT_TIMINGS_FILE}", timings)
 
 
+# A seed's timings table: one row per arm and iteration after training.
+TIMING_COLUMNS = ["seed", "arm", "iteration", "train_model_calls", "wall_seconds"]
+
+
 def timings_table(arm_paths: dict[str, RunPaths], seed: int = 0) -> pd.DataFrame:
     """seed, arm, iteration (after training: 1..N), train_model_calls, wall_seconds."""
     rows = [
@@ -83,8 +87,7 @@ def timings_table(arm_paths: dict[str, RunPaths], seed: int = 0) -> pd.DataFrame
         for arm, paths in arm_paths.items()
         for it, record in read_timings(paths).items()
     ]
-    columns = ["seed", "arm", "iteration", "train_model_calls", "wall_seconds"]
-    return pd.DataFrame(rows, columns=columns)
+    return pd.DataFrame(rows, columns=TIMING_COLUMNS)
 
 
 def training_table(arm_paths: dict[str, RunPaths], seed: int, iterations: int) -> pd.DataFrame:

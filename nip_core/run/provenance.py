@@ -197,15 +197,7 @@ def result_provenance(experiments: dict[str, dict[str, Any]], command: list[str]
     combines (folder name -> file contents): every invocation kept under `sources`; the
     commits, machines and commands they ran with; each arm's configuration (the first
     experiment's where several ran an arm); the summed wall time of the invocations."""
-    flat: dict[str, dict[str, Any]] = {}
-    for folder, data in experiments.items():
-        for name, record in experiment_records(folder, data).items():
-            if name not in flat:
-                flat[name] = {"invocations": [], "arms": {}}
-            # the same run folder published before and extended since: one experiment
-            flat[name]["invocations"] += record.get("invocations", [])
-            flat[name]["arms"] = (record.get("arms") or {}) | flat[name]["arms"]
-    experiments = flat
+    experiments = by_experiment(experiments)
     runs = [
         dict(r, experiment=name)
         for name, data in experiments.items()
@@ -239,21 +231,30 @@ def result_provenance(experiments: dict[str, dict[str, Any]], command: list[str]
     }
 
 
-def experiment_records(folder: str, data: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Experiment name -> its provenance file's contents: the folder's own, or, for a result
-    folder combined before (its `sources`), each experiment it drew on, as that file read."""
-    if "sources" not in data:
-        return {folder: data}
-    arms = data.get("configuration")
-    records: dict[str, dict[str, Any]] = {}
-    for source in data["sources"]:
-        run = {k: v for k, v in source.items() if k != "experiment"}
-        name = source.get("experiment", folder)
-        records.setdefault(
-            name, {"invocations": [], "arms": arms if isinstance(arms, dict) else {}}
-        )
-        records[name]["invocations"].append(run)
-    return records
+def by_experiment(folders: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Experiment name -> its invocations and arms, from each folder's provenance file: an
+    experiment folder's own, or, for a result folder combined before (its `sources`), each
+    experiment it drew on. A run folder published before and extended since is one experiment
+    (its invocations in order, the first record's arm configurations kept)."""
+    merged: dict[str, dict[str, Any]] = {}
+    for folder, data in folders.items():
+        if "sources" in data:
+            arms = data.get("configuration")
+            parts = [
+                (
+                    source.get("experiment", folder),
+                    [{k: v for k, v in source.items() if k != "experiment"}],
+                    arms if isinstance(arms, dict) else {},
+                )
+                for source in data["sources"]
+            ]
+        else:
+            parts = [(folder, data.get("invocations", []), data.get("arms") or {})]
+        for name, invocations, arms in parts:
+            record = merged.setdefault(name, {"invocations": [], "arms": {}})
+            record["invocations"] += invocations
+            record["arms"] = arms | record["arms"]
+    return merged
 
 
 def distinct_commands(data: dict[str, Any]) -> list[list[str]] | str:
