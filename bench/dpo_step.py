@@ -26,6 +26,9 @@ batch), and ends with `ratio shared_prompt/duplicated_prompt: <x>` (fastest step
 `--compare-lean-lora` times PEFT's own LoRA forward, then ours (`nip_core.lm_server.lean_lora`,
 the default), and ends with `ratio lean_lora/peft_lora: <x>`; `--precision fp32|bf16` sets the
 frozen weights' type (default: auto, bf16 where the CPU multiplies it natively).
+`--compare-compiled-layers` times eager steps, then each decoder layer under `torch.compile`
+(`dynamic=True`; the steps it compiles in are left in), and ends with
+`ratio compiled/eager: <x>` (median steps of each run's second half).
 """
 
 from __future__ import annotations
@@ -169,6 +172,7 @@ def main() -> None:
     parser.add_argument("--compare-lora-top-layers", type=int, default=None, metavar="N")
     parser.add_argument("--compare-prompt-gradients", action="store_true")
     parser.add_argument("--compare-lean-lora", action="store_true")
+    parser.add_argument("--compare-compiled-layers", action="store_true")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -191,6 +195,9 @@ def main() -> None:
         return
     if args.compare_lean_lora:
         compare_lean_lora(run, args.precision)
+        return
+    if args.compare_compiled_layers:
+        compare_compiled_layers(run, args.precision)
         return
     clock, lengths = measure(*run, precision=args.precision)
     mean_step = statistics.mean(clock.steps)
@@ -252,6 +259,32 @@ def compare_lean_lora(run: tuple, precision: str) -> None:
         name = "lean" if lean else "peft"
         fastest[name] = timed_variant(run, f"{name} LoRA ({precision})", precision=precision)
     print(f"ratio lean_lora/peft_lora: {fastest['lean'] / fastest['peft']:.2f}")
+
+
+def compare_compiled_layers(run: tuple, precision: str) -> None:
+    """The same steps eager, then with every decoder layer compiled after the trainer is built."""
+    from nip_core.lm_server.shared_prefix import transformer_backbone
+
+    build = training.build_trainer
+
+    def build_compiled(*args, **kwargs):
+        trainer = build(*args, **kwargs)
+        for layer in transformer_backbone(trainer.model).layers:
+            layer.compile(dynamic=True)
+        return trainer
+
+    later = {}
+    for compiled in (False, True):
+        training.build_trainer = build_compiled if compiled else build
+        try:
+            clock, lengths = measure(*run, checkpointing=False, precision=precision)
+        finally:
+            training.build_trainer = build
+        name = "compiled" if compiled else "eager"
+        steps = " ".join(f"{t:.2f}" for t in clock.steps)
+        print(f"{name} layers ({precision}): sequence lengths {lengths}; dpo steps (s): {steps}")
+        later[name] = statistics.median(clock.steps[len(clock.steps) // 2 :])
+    print(f"ratio compiled/eager: {later['compiled'] / later['eager']:.2f}")
 
 
 if __name__ == "__main__":
