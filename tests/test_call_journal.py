@@ -50,6 +50,18 @@ def test_torn_last_line_is_ignored(tmp_path):
     assert inner.calls == 0
 
 
+def test_replies_holding_unicode_line_separators_are_replayed(tmp_path):
+    """A journal line ends at "\\n" only: a reply with U+2028 in it is replayed, not redone."""
+    journal = tmp_path / "calls.jsonl"
+    client = JournaledClient(CountingClient(), journal)
+    msgs = [{"role": "user", "content": "a\u2028b\x85c\u2029"}]
+    texts = asyncio.run(client.complete(msgs, "m", 1, Sampling(1)))
+    inner = CountingClient()
+    resumed = JournaledClient(inner, journal)
+    assert asyncio.run(resumed.complete(msgs, "m", 1, Sampling(1))) == texts
+    assert inner.calls == 0 and resumed.replayed == 1
+
+
 class SlowClient(CountingClient):
     """Finishes calls at staggered moments, as a server answering a tree level does."""
 

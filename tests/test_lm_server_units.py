@@ -80,6 +80,18 @@ def test_error_names_the_failing_line_number():
         parse_dataset("\n".join([good, good, '{"messages": []}']), "supervised")
 
 
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\x85"])
+def test_line_separators_inside_a_string_stay_in_their_line(separator):
+    """JSONL ends a line at "\\n" only: a reply holding U+2028 raw (as `json.dumps(...,
+    ensure_ascii=False)` writes it) once split a DPO row in two and failed the job."""
+    reply = {"role": "assistant", "content": f"first{separator}second"}
+    line = {"input": {"messages": [MSG]}, "preferred_output": [reply],
+            "non_preferred_output": [ANSWER]}  # fmt: skip
+    text = json.dumps(line, ensure_ascii=False) + "\r\n" + json.dumps(line, ensure_ascii=False)
+    rows = parse_dataset(text, "dpo")
+    assert [row["chosen"] for row in rows] == [[reply], [reply]]
+
+
 def test_options_merge_openai_hyperparameters_and_nip_extension():
     method = {"type": "dpo", "dpo": {"hyperparameters": {"beta": 0.5, "n_epochs": 3,
               "batch_size": "auto", "learning_rate_multiplier": 2}}}  # fmt: skip

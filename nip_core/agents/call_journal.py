@@ -54,7 +54,10 @@ def read_journal(path: Path | str, fs: Any = None) -> dict[str, list[str]]:
         chunks = [(str(path), path.read_text(encoding="utf-8"))] if path.exists() else []
     entries: dict[str, list[str]] = {}
     for where, text in chunks:
-        for line_number, line in enumerate(text.splitlines(), start=1):
+        # "\n" only: a model's reply may hold U+2028 and other characters `splitlines` splits at
+        for line_number, line in enumerate(text.split("\n"), start=1):
+            if not line.strip():
+                continue
             try:
                 record = json.loads(line)
                 entries[record["key"]] = list(record["texts"])

@@ -36,7 +36,9 @@ def parse_dataset(text: str, method: str) -> list[dict]:
         raise DatasetError(f"unknown fine-tuning method {method!r}; use one of {METHODS}")
     convert = {"supervised": _supervised_row, "dpo": _dpo_row, "kto": _kto_row}[method]
     rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    # JSONL ends a line at "\n" only: `str.splitlines` also splits at U+2028, U+2029, NEL and
+    # other separators that JSON strings may hold raw (a prover's reply carried a U+2028).
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:

@@ -91,7 +91,9 @@ def read_events(job_dir: Path) -> list[dict]:
     if not path.exists():
         return []
     events = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8").split("\n"):  # not splitlines: see datasets
+        if not line.strip():
+            continue
         try:
             events.append(json.loads(line))
         except json.JSONDecodeError:

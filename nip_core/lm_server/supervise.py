@@ -145,4 +145,5 @@ def read_restarts(state_dir: Path) -> list[dict]:
     path = state_dir / RESTARTS_FILE
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = path.read_text(encoding="utf-8").split("\n")  # JSONL: "\n" ends a line, nothing else
+    return [json.loads(line) for line in lines if line.strip()]
