@@ -28,6 +28,7 @@ from typing import Any
 from fsspec.implementations.local import LocalFileSystem
 
 from nip_core.agents.chat_client import sampling_key_fields
+from nip_core.model_api.jsonl import jsonl_lines
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +55,7 @@ def read_journal(path: Path | str, fs: Any = None) -> dict[str, list[str]]:
         chunks = [(str(path), path.read_text(encoding="utf-8"))] if path.exists() else []
     entries: dict[str, list[str]] = {}
     for where, text in chunks:
-        # "\n" only: a model's reply may hold U+2028 and other characters `splitlines` splits at
-        for line_number, line in enumerate(text.split("\n"), start=1):
-            if not line.strip():
-                continue
+        for line_number, line in jsonl_lines(text):
             try:
                 record = json.loads(line)
                 entries[record["key"]] = list(record["texts"])

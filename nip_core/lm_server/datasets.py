@@ -21,6 +21,7 @@ import json
 from typing import Any
 
 from nip_core.model_api.chat_format import fold_speaker_names
+from nip_core.model_api.jsonl import jsonl_lines
 
 METHODS = ("supervised", "dpo", "kto")
 _ROLES = ("system", "user", "assistant")
@@ -36,11 +37,7 @@ def parse_dataset(text: str, method: str) -> list[dict]:
         raise DatasetError(f"unknown fine-tuning method {method!r}; use one of {METHODS}")
     convert = {"supervised": _supervised_row, "dpo": _dpo_row, "kto": _kto_row}[method]
     rows = []
-    # JSONL ends a line at "\n" only: `str.splitlines` also splits at U+2028, U+2029, NEL and
-    # other separators that JSON strings may hold raw (a prover's reply carried a U+2028).
-    for number, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
+    for number, line in jsonl_lines(text):
         try:
             item = json.loads(line)
         except json.JSONDecodeError as exc:

@@ -22,6 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from nip_core.model_api.jsonl import jsonl_lines
+
 
 def new_id(prefix: str) -> str:
     """A short random id with an OpenAI-style prefix (`file-…`, `ftjob-…`, `ftevent-…`)."""
@@ -91,9 +93,7 @@ def read_events(job_dir: Path) -> list[dict]:
     if not path.exists():
         return []
     events = []
-    for line in path.read_text(encoding="utf-8").split("\n"):  # not splitlines: see datasets
-        if not line.strip():
-            continue
+    for _, line in jsonl_lines(path.read_text(encoding="utf-8")):
         try:
             events.append(json.loads(line))
         except json.JSONDecodeError:

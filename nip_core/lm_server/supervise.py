@@ -22,6 +22,7 @@ from pathlib import Path
 
 from nip_core.lm_server.engines.vllm.process import end_stale_vllms
 from nip_core.lm_server.launch import ServerHandle, spawn_server, wait_until_up
+from nip_core.model_api.jsonl import jsonl_lines
 
 log = logging.getLogger(__name__)
 RESTARTS_FILE = "restarts.jsonl"
@@ -145,5 +146,4 @@ def read_restarts(state_dir: Path) -> list[dict]:
     path = state_dir / RESTARTS_FILE
     if not path.is_file():
         return []
-    lines = path.read_text(encoding="utf-8").split("\n")  # JSONL: "\n" ends a line, nothing else
-    return [json.loads(line) for line in lines if line.strip()]
+    return [json.loads(line) for _, line in jsonl_lines(path.read_text(encoding="utf-8"))]
