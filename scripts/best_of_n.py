@@ -85,6 +85,17 @@ def mean_logprobs(model, tokenizer, question: str, solutions: list[str]) -> list
     return [total / max(tokens, 1) for total, tokens in scores]
 
 
+def unique_logprobs(model, tokenizer, chats: list[list[dict]]) -> list[tuple[float, int]]:
+    """`message_logprobs` of `chats`, each distinct chat scored once: in the fill-in protocols
+    neither version is shown, so a pair's two orders share one prompt and the same two replies
+    (A's accept is B's reject), and half the chats repeat."""
+    keys = [json.dumps(chat, sort_keys=True) for chat in chats]
+    distinct = dict(zip(reversed(keys), reversed(chats), strict=True))  # key -> its chat
+    scored = message_logprobs(model, tokenizer, list(distinct.values()), model.device)
+    by_key = dict(zip(distinct, scored, strict=True))
+    return [by_key[key] for key in keys]
+
+
 @torch.no_grad()
 def p_first(model, tokenizer, hp, question: str, solutions: list[str]) -> list[float]:
     """P(Solution A is correct) for every ordered pair of `solutions` (`ordered_pairs` order):
@@ -98,7 +109,7 @@ def p_first(model, tokenizer, hp, question: str, solutions: list[str]) -> list[f
         for verdict in (ACCEPT, REJECT):
             reply = {"role": "assistant", "content": verdict_reply(protocol, point, verdict)}
             chats.append(fold_speaker_names([*prompt, reply]))
-    scores = message_logprobs(model, tokenizer, chats, model.device)
+    scores = unique_logprobs(model, tokenizer, chats)
     per_token = writes_disputed_part(protocol.name)
     return [
         pair_accept_probability(accept, reject, per_token)
