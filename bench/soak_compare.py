@@ -39,6 +39,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from nip_core.model_api.jsonl import jsonl_lines
 from nip_core.run.provenance import PROVENANCE_FILE, missing_fields
 
 MANIFEST = "manifest.json"
@@ -78,7 +79,7 @@ def is_journal(relative: str) -> bool:
 def journal_records(data: bytes) -> tuple[list[str], int]:
     """(one "key answers" string per readable line, torn lines), as the pipeline reads them."""
     rows, torn = [], 0
-    for line in data.decode("utf-8", "replace").splitlines():
+    for _, line in jsonl_lines(data.decode("utf-8", "replace")):
         try:
             record = json.loads(line)
             rows.append(json.dumps([record["key"], record["texts"]], ensure_ascii=False))
