@@ -39,6 +39,7 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from nip_core.agents import chat_messages  # noqa: E402
+from nip_core.agents.message_scores import scored_once  # noqa: E402
 from nip_core.agents.prompts import verdict_reply  # noqa: E402
 from nip_core.data.loaders import humaneval_file, shown_solutions  # noqa: E402
 from nip_core.data.pairwise import shows_pairs, writes_disputed_part  # noqa: E402
@@ -85,18 +86,6 @@ def mean_logprobs(model, tokenizer, question: str, solutions: list[str]) -> list
     return [total / max(tokens, 1) for total, tokens in scores]
 
 
-def unique_logprobs(model, tokenizer, chats: list[list[dict]]) -> list[tuple[float, int]]:
-    """`message_logprobs` of `chats`, each distinct chat scored once: in the fill-in protocols
-    neither version is shown, so a pair's two orders share one prompt and the same two replies
-    (A's accept is B's reject), as do pairs that differ in the same lines: on the test split 353
-    of the 1,040 chats a model are distinct."""
-    keys = [json.dumps(chat, sort_keys=True) for chat in chats]
-    distinct = dict(zip(keys, chats, strict=True))  # equal keys hold equal chats
-    scored = message_logprobs(model, tokenizer, list(distinct.values()), model.device)
-    by_key = dict(zip(distinct, scored, strict=True))
-    return [by_key[key] for key in keys]
-
-
 @torch.no_grad()
 def p_first(model, tokenizer, hp, question: str, solutions: list[str]) -> list[float]:
     """P(Solution A is correct) for every ordered pair of `solutions` (`ordered_pairs` order):
@@ -110,7 +99,9 @@ def p_first(model, tokenizer, hp, question: str, solutions: list[str]) -> list[f
         for verdict in (ACCEPT, REJECT):
             reply = {"role": "assistant", "content": verdict_reply(protocol, point, verdict)}
             chats.append(fold_speaker_names([*prompt, reply]))
-    scores = unique_logprobs(model, tokenizer, chats)
+    scores = scored_once(
+        lambda unique: message_logprobs(model, tokenizer, unique, model.device), chats
+    )
     per_token = writes_disputed_part(protocol.name)
     return [
         pair_accept_probability(accept, reject, per_token)

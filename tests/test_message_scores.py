@@ -7,7 +7,7 @@ import asyncio
 import httpx
 import pytest
 
-from nip_core.agents.message_scores import score_replies
+from nip_core.agents.message_scores import score_replies, scored_once
 from nip_core.lm_server.engines.hf import TransformersEngine
 from tests.conftest_lm import running_server
 from tests.tiny_model import build_tiny_model
@@ -44,10 +44,29 @@ def test_score_route_answers_per_conversation_and_rejects_bad_input(server):
         "language_model_server_scheme_host": "http://127.0.0.1",
         "language_model_server_port": int(server.url.rsplit(":", 1)[1]),
     }
-    scores = score_replies(params, BASE, conversations * 40)  # two chunks of 64 and one of 16
+    scores = score_replies(params, BASE, conversations * 40)  # two distinct chats, sent once
     assert scores == [(d["logprob"], d["tokens"]) for d in body["data"]] * 40
+    many = [[*CHAT, {"role": "assistant", "content": "x " * n}] for n in range(300)]
+    one_by_one = [score_replies(params, BASE, [chat])[0] for chat in many[::37]]
+    scores = score_replies(params, BASE, many + many[::-1])  # 300 distinct: two requests
+    assert scores[:300] == scores[300:][::-1] and scores[::37][:9] == one_by_one
     assert score_replies({**params, "model_provider": "OpenAI"}, BASE, conversations) is None
     assert score_replies({**params, "use_dummy_api": True}, BASE, conversations) is None
+
+
+def test_scored_once_sends_each_distinct_chat_once_and_keeps_the_order():
+    chats = [[{"role": "user", "content": c}] for c in "abacba"]
+    sent: list[list[list[dict]]] = []
+
+    def score(unique):
+        sent.append(unique)
+        return [chat[0]["content"].upper() for chat in unique]
+
+    assert scored_once(score, chats) == list("ABACBA")
+    assert sent == [[chats[0], chats[1], chats[3]]]
+    assert scored_once(lambda unique: None, chats) is None  # a provider that cannot score
+    with pytest.raises(ValueError, match="2 scores for 3 distinct chats"):
+        scored_once(lambda unique: ["A", "B"], chats)
 
 
 async def _scores_match_token_by_token(model_dir) -> None:
