@@ -8,6 +8,7 @@ import json
 from types import SimpleNamespace
 
 import pandas as pd
+import pytest
 
 from nip_core.experiment.training_diagnostics import (
     group_outcomes,
@@ -22,6 +23,7 @@ from nip_core.training.fine_tune_jobs import DUMMY_JOB_ID, GroupState
 from nip_core.training.job_diagnostics import (
     dataset_info,
     fetch_events,
+    last_epoch_loss,
     read_steps,
     record_training_diagnostics,
     steps_table,
@@ -127,10 +129,23 @@ def test_summary_is_compact_and_json_safe():
     summary = training_summary(steps_table(EVENTS), DATASET)
     assert summary == {
         "examples": 8, "tokens_mean": 300.5, "tokens_max": 1100, "max_length": 1024,
-        "truncated": 1, "dropped": 1, "steps": 2, "first_loss": 0.7, "last_loss": 0.5, "last_margin": 0.8,
+        "truncated": 1, "dropped": 1, "steps": 2, "first_loss": 0.7, "last_loss": 0.5, "last_epoch_loss": 0.6, "last_margin": 0.8,
     }  # fmt: skip
     nan_loss = steps_table([ev({"step": 1, "loss": float("nan")})])
     assert training_summary(nan_loss, None)["last_loss"] is None
+
+
+def test_last_epoch_loss_is_the_mean_over_the_last_epochs_steps():
+    epochs = [0.5, 1.0, 1.5, 2.0, 2.5, None, 3.0]  # a step may log no epoch
+    losses = [0.9, 0.8, 0.4, 0.2, 0.1, 1.7, 0.1]  # a spike at the sixth step
+    steps = steps_table(
+        [ev({"step": i, "loss": loss} | ({"epoch": e} if e else {})) for i, (e, loss) in
+         enumerate(zip(epochs, losses, strict=True), 1)]
+    )  # fmt: skip
+    assert last_epoch_loss(steps) == pytest.approx((0.1 + 1.7 + 0.1) / 3)
+    assert last_epoch_loss(steps.iloc[:2]) == pytest.approx(0.85)  # one epoch: every step
+    assert last_epoch_loss(steps.drop(columns="epoch")) == pytest.approx(sum(losses) / 7)
+    assert last_epoch_loss(steps_table([])) is None
 
 
 class FakeJobs:
@@ -224,6 +239,9 @@ def test_training_rows_take_steps_from_the_table_and_tokens_from_the_summary():
     assert rows.loc[0, "epochs"] == 0.5 and pd.isna(rows.loc[2, "epochs"])
     assert rows.loc[0, "truncated"] == 1 and rows.loc[1, "truncated"] == 0
     assert rows.loc[1, "last_loss"] == 0.3 and rows.loc[0, "last_accuracy"] == 0.5
+    assert rows.loc[1, "last_epoch_loss"] == pytest.approx(0.6) and pd.isna(
+        rows.loc[2, "last_epoch_loss"]
+    )
 
 
 def stages(export: dict, fine_tune: dict, guard: dict | None = None) -> dict:

@@ -2,7 +2,7 @@
 
 An arm that lands at chance may not have fitted its own training rows at all. Beside the
 evaluation, this shows per arm how the trainer went: how many steps, the loss at the first and
-last step, the DPO reward margin and accuracy at the last step (accuracy: the share of pairs
+last step and its mean over the last epoch, the DPO reward margin and accuracy at the last step (accuracy: the share of pairs
 whose chosen answer the model prefers over the rejected one), and whether examples were cut at
 the trainer's maximum length. Pure functions of already-read tables; `read_training` reads one
 run's file. `epochs` is how far the job trained (the last step's epoch): fewer than asked where
@@ -20,14 +20,14 @@ from typing import Any
 import fsspec
 import pandas as pd
 
-from nip_core.training.job_diagnostics import read_steps, training_summary
+from nip_core.training.job_diagnostics import last_epoch_loss, read_steps, training_summary
 
 # (seed, arm, iteration, steps table, summary: `training` of the fine-tune stage info or None)
 TrainingEntry = tuple[int, str, int, pd.DataFrame, dict | None]
 
 ROW_COLUMNS = [
-    "seed", "arm", "iteration", "steps", "epochs", "first_loss", "last_loss", "last_margin",
-    "last_accuracy", "tokens_mean", "tokens_max", "max_length", "truncated", "dropped",
+    "seed", "arm", "iteration", "steps", "epochs", "first_loss", "last_loss", "last_epoch_loss",
+    "last_margin", "last_accuracy", "tokens_mean", "tokens_max", "max_length", "truncated", "dropped",
 ]  # fmt: skip
 # From the job's dataset summary (the trainer's view of its rows).
 DATASET_COLUMNS = ["tokens_max", "max_length", "truncated", "dropped", "tokens_mean"]
@@ -48,6 +48,10 @@ def _end(steps: pd.DataFrame, column: str, last: bool = True) -> float:
     return float(values.iloc[-1 if last else 0]) if not values.empty else math.nan
 
 
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
 def _number(summary: dict | None, key: str) -> float:
     value = (summary or {}).get(key)
     return float(value) if isinstance(value, int | float) else math.nan
@@ -65,6 +69,7 @@ def training_rows(entries: Iterable[TrainingEntry]) -> pd.DataFrame:
             "epochs": _end(steps, "epoch"),
             "first_loss": _end(steps, "loss", last=False),
             "last_loss": _end(steps, "loss"),
+            "last_epoch_loss": _or_nan(last_epoch_loss(steps)),
             "last_margin": _end(steps, "rewards_margins"),
             "last_accuracy": _end(steps, "rewards_accuracies"),
         }

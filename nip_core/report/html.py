@@ -224,7 +224,7 @@ TRAINING_COLUMNS = {
     "examples": "examples", "tokens_mean": "tokens/example", "tokens_max": "max tokens",
     "max_length": "max length", "truncated": "truncated", "dropped": "dropped",
     "steps": "steps", "first_loss": "first loss", "last_loss": "last loss",
-    "last_margin": "last margin",
+    "last_epoch_loss": "last-epoch loss", "last_margin": "last margin",
 }  # fmt: skip
 
 

@@ -92,6 +92,18 @@ def _finite(value: Any) -> float | int | None:
     return value
 
 
+def last_epoch_loss(steps: pd.DataFrame) -> float | None:
+    """The mean loss over the steps of the job's last epoch (every step where the steps hold no
+    epoch or the job trained less than one): one step's loss reads a spike as a failed fit."""
+    if steps.empty or "loss" not in steps:
+        return None
+    final = float(steps["epoch"].max()) if "epoch" in steps else math.nan
+    if final > 1:  # from the first step past the end of the one before (steps in step order)
+        steps = steps.iloc[int((steps["epoch"] > final - 1).to_numpy().argmax()) :]
+    losses = steps["loss"].dropna()
+    return _finite(float(losses.mean())) if not losses.empty else None
+
+
 def _column_end(steps: pd.DataFrame, column: str, last: bool) -> float | None:
     values = steps[column].dropna() if column in steps else pd.Series(dtype=float)
     if values.empty:
@@ -117,6 +129,7 @@ def training_summary(steps: pd.DataFrame, dataset: dict | None) -> dict[str, Any
         "steps": len(steps),
         "first_loss": _column_end(steps, "loss", last=False),
         "last_loss": _column_end(steps, "loss", last=True),
+        "last_epoch_loss": last_epoch_loss(steps),
         "last_margin": _column_end(steps, "rewards_margins", last=True),
     }
 
