@@ -2,9 +2,9 @@
 
 An arm that lands at chance may not have fitted its own training rows at all. Beside the
 evaluation, this shows per arm how the trainer went: how many steps, the loss at the first and
-last step and its mean over the last epoch, the DPO reward margin and accuracy at the last step (accuracy: the share of pairs
-whose chosen answer the model prefers over the rejected one), and whether examples were cut at
-the trainer's maximum length. Pure functions of already-read tables; `read_training` reads one
+last step and its mean over the last epoch, the DPO reward margin and accuracy at the last step
+(accuracy: the share of pairs whose chosen answer the model prefers over the rejected one), and
+whether examples were cut at the trainer's maximum length. Pure functions of already-read tables; `read_training` reads one
 run's file. `epochs` is how far the job trained (the last step's epoch): fewer than asked where
 it stopped once fitted (`stop_at_pair_accuracy`). `examples` and `switch` say, per model group, how
 many rows its dataset export wrote (a multi-agent protocol's prover may get none) and what became
@@ -26,8 +26,9 @@ from nip_core.training.job_diagnostics import last_epoch_loss, read_steps, train
 TrainingEntry = tuple[int, str, int, pd.DataFrame, dict | None]
 
 ROW_COLUMNS = [
-    "seed", "arm", "iteration", "steps", "epochs", "first_loss", "last_loss", "last_epoch_loss",
-    "last_margin", "last_accuracy", "tokens_mean", "tokens_max", "max_length", "truncated", "dropped",
+    "seed", "arm", "iteration", "steps", "epochs", "first_loss", "last_loss",
+    "last_epoch_loss", "last_margin", "last_accuracy", "tokens_mean", "tokens_max",
+    "max_length", "truncated", "dropped",
 ]  # fmt: skip
 # From the job's dataset summary (the trainer's view of its rows).
 DATASET_COLUMNS = ["tokens_max", "max_length", "truncated", "dropped", "tokens_mean"]
