@@ -4,11 +4,11 @@ An arm that lands at chance may not have fitted its own training rows at all. Be
 evaluation, this shows per arm how the trainer went: how many steps, the loss at the first and
 last step and its mean over the last epoch, the DPO reward margin and accuracy at the last step
 (accuracy: the share of pairs whose chosen answer the model prefers over the rejected one), and
-whether examples were cut at the trainer's maximum length. Pure functions of already-read tables; `read_training` reads one
-run's file. `epochs` is how far the job trained (the last step's epoch): fewer than asked where
-it stopped once fitted (`stop_at_pair_accuracy`). `examples` and `switch` say, per model group, how
-many rows its dataset export wrote (a multi-agent protocol's prover may get none) and what became
-of its model (`group_outcomes`).
+whether examples were cut at the trainer's maximum length. Pure functions of already-read
+tables; `read_training` reads one run's file. `epochs` is how far the job trained (the last
+step's epoch): fewer than asked where it stopped once fitted (`stop_at_pair_accuracy`).
+`examples` and `switch` say, per model group, how many rows its dataset export wrote (a
+multi-agent protocol's prover may get none) and what became of its model (`group_outcomes`).
 """
 
 from __future__ import annotations
