@@ -10,7 +10,10 @@ experiment sends (`configs/experiment-cpu-easy.yaml`, its `malt` arm: LoRA rank 
 layer, both pairs of a step in one batch, its learning rate, RPO, the file's order, no activation
 checkpointing), and the training child timing every step (`step_seconds` in its events). The
 pairs are the verifier's own sampled replies that the recipe trained on in its second iteration
-(`docs/results/short-solution-acceptance/seeds/6198/pairs/`, the first `--pairs`).
+(`docs/results/short-solution-acceptance/seeds/6198/pairs/`, the first `--pairs`). Another
+recipe's step: `--config` and `--pairs-file`, e.g. the fill-in protocol's
+(`configs/experiment-cpu-fill-in-choice.yaml`,
+`docs/results/mixed-fill-in-choice/pairs/seed-7304-iteration-1-dpo-verifier.parquet`).
 
 For each step it counts the work the step must do from the model's shapes and the tokens of its
 pairs (`nip_core.lm_server.step_flops`: projections, LoRA, attention and the output layer at
@@ -81,9 +84,9 @@ def recipe_request(
     return {"type": "dpo", "dpo": {"hyperparameters": hyper}}, extension
 
 
-def recipe_pairs(count: int) -> list[dict]:
-    """The first `count` of the recipe's pairs as fine-tuning API rows."""
-    frame = pd.read_parquet(PAIRS).head(count)
+def recipe_pairs(count: int, path: Path = PAIRS) -> list[dict]:
+    """The first `count` of the recipe's pairs (an exported DPO Parquet) as fine-tuning API rows."""
+    frame = pd.read_parquet(path).head(count)
     return [
         {
             "input": {"messages": [dict(m) for m in row.prompt]},
@@ -239,17 +242,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=2, help="0: the recipe's own")
     parser.add_argument("--config", type=Path, default=RECIPE)
     parser.add_argument("--compare", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--pairs-file", type=Path, default=PAIRS, help="an exported DPO Parquet of the recipe"
+    )
     args = parser.parse_args(argv)
     from transformers import AutoConfig
 
     model_path = embedded_model_path()
     shapes = ModelShapes.from_config(AutoConfig.from_pretrained(model_path))
-    rows = recipe_pairs(args.pairs)
+    rows = recipe_pairs(args.pairs, args.pairs_file.resolve())
     tokens = pair_tokens(training.load_tokenizer(str(model_path)), rows)
     prompt, answers = zip(*[(p, c + r) for p, c, r in tokens], strict=True)
     print(
         f"recipe: {args.config.relative_to(ROOT)}; {len(rows)} of its pairs "
-        f"({PAIRS.relative_to(ROOT)}): prompt {statistics.mean(prompt):.0f} tokens, answers "
+        f"({args.pairs_file}): prompt {statistics.mean(prompt):.0f} tokens, answers "
         f"{statistics.mean(answers) / 2:.1f}, on average"
     )
     port = _free_port()
