@@ -246,6 +246,7 @@ def main(argv: list[str] | None = None) -> None:
         "--pairs-file", type=Path, default=PAIRS, help="an exported DPO Parquet of the recipe"
     )
     args = parser.parse_args(argv)
+    args.config = args.config.resolve()
     from transformers import AutoConfig
 
     model_path = embedded_model_path()
