@@ -22,8 +22,10 @@ loaded by the engine) and 16 answers at once (what the switch guard asks). The l
 
 runs the job twice on a vLLM-served server (`.venv-vllm`), vLLM answering one chat before each
 job as rollouts would: stopped while the job trains (the default), then kept up beside it
-(`--vllm-serve-during-training`), and ends with `ratio serving/stopped: <x>`, the time from
-creating the job to the fine-tuned model's first answer, kept up over stopped.
+(`--vllm-serve-during-training`), and ends with `ratio step serving/stopped: <x>` (the median
+optimizer step, kept up over stopped: does vLLM idle beside the job slow it?) and `ratio
+serving/stopped: <x>`, the time from creating the job to the fine-tuned model's first answer,
+kept up over stopped.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import asyncio
 import io
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -131,9 +134,18 @@ def run_job(client, pairs: int, epochs: int) -> tuple[object, list[dict]]:
     return job, [e.model_dump() for e in events]
 
 
-def serve_and_train(args: argparse.Namespace, engine: str, flags: list[str]) -> float:
+def median_step(events: list[dict]) -> float | None:
+    """The median of the job's timed optimizer steps after the first (warm-up)."""
+    seconds = [(e.get("data") or {}).get("step_seconds") for e in events]
+    seconds = [s for s in seconds if s is not None]
+    return statistics.median(seconds[1:] or seconds) if seconds else None
+
+
+def serve_and_train(
+    args: argparse.Namespace, engine: str, flags: list[str]
+) -> tuple[float, float | None]:
     """Start our server on `engine`, run the job, print its phases and the fine-tuned model's
-    first answers; the seconds from creating the job to that first answer."""
+    first answers; (the seconds from creating the job to that first answer, the median step)."""
     import openai
 
     port = _free_port()
@@ -159,6 +171,9 @@ def serve_and_train(args: argparse.Namespace, engine: str, flags: list[str]) -> 
             print(f"DPO job on {device}: {args.pairs} pairs x {args.epochs} epochs, {wall} s")
             for name, seconds in phases(job.created_at, job.finished_at, events):
                 print(f"  {name:42s} {seconds:5d} s")
+            step = median_step(events)
+            if step is not None:
+                print(f"median optimizer step (after the first): {step:.2f} s")
             asyncio.run(_send_all(url, chats[:1], 1, 8, job.fine_tuned_model))
             to_first_answer = time.time() - job.created_at
             print(f"job created -> first answer from the fine-tuned model: {to_first_answer:.1f} s")
@@ -170,7 +185,7 @@ def serve_and_train(args: argparse.Namespace, engine: str, flags: list[str]) -> 
                 raise SystemExit("the job logged no train_runtime")
             print(f"trainer's train_runtime {runtime:.1f} s of the job's {wall} s")
             print(f"ratio train_steps/job_wall: {runtime / max(wall, 1):.2f}")
-            return to_first_answer
+            return to_first_answer, step
         finally:
             proc.terminate()
             proc.wait(timeout=120)
@@ -186,8 +201,10 @@ def main(argv: list[str] | None = None) -> None:
     if not args.compare_serve_during_training:
         serve_and_train(args, args.engine, [])
         return
-    stopped = serve_and_train(args, "vllm", [])
-    serving = serve_and_train(args, "vllm", ["--vllm-serve-during-training"])
+    stopped, stopped_step = serve_and_train(args, "vllm", [])
+    serving, serving_step = serve_and_train(args, "vllm", ["--vllm-serve-during-training"])
+    if stopped_step and serving_step:  # does vLLM idle beside the job slow its steps?
+        print(f"ratio step serving/stopped: {serving_step / stopped_step:.2f}")
     print(f"ratio serving/stopped: {serving / stopped:.2f}")
 
 
