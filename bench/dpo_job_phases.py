@@ -42,6 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import pandas as pd
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cpu_generation import (  # noqa: E402
@@ -54,6 +56,7 @@ from cpu_generation import (  # noqa: E402
 )
 
 from nip_core.lm_server.embedded_model import EMBEDDED_MODEL_NAME  # noqa: E402
+from nip_core.training.job_diagnostics import steps_table  # noqa: E402
 
 
 def verifier_pairs(count: int) -> list[dict]:
@@ -136,8 +139,7 @@ def run_job(client, pairs: int, epochs: int) -> tuple[object, list[dict]]:
 
 def median_step(events: list[dict]) -> float | None:
     """The median of the job's timed optimizer steps after the first (warm-up)."""
-    seconds = [(e.get("data") or {}).get("step_seconds") for e in events]
-    seconds = [s for s in seconds if s is not None]
+    seconds = steps_table(events).get("step_seconds", pd.Series(dtype=float)).dropna().tolist()
     return statistics.median(seconds[1:] or seconds) if seconds else None
 
 
