@@ -22,16 +22,16 @@ ROW = re.compile(r"^\|(.+)\|\s*\[([\w.-]+)\]\(results/([\w.-]+)/?\)\s*\|$")
 COLUMNS = ("arm", "iteration", "seeds", "decided", "auc", "accept", "minutes", "machine", "commit")
 
 
-def load_results_rows():
-    """The script that makes the page's rows (scripts/ is not a package)."""
-    path = ROOT / "scripts" / "results_rows.py"
-    spec = importlib.util.spec_from_file_location("results_rows", path)
+def load_script(name: str):
+    """A script of scripts/ as a module (scripts/ is not a package)."""
+    path = ROOT / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-results_rows = load_results_rows()
+results_rows = load_script("results_rows")  # the script that makes the page's rows
 
 
 def table_rows() -> list[tuple[list[str], str]]:
@@ -79,3 +79,40 @@ def test_argmax_readings_tell_sharper_sampling_from_a_moved_preference():
     lines = done.stdout.splitlines()
     assert "seed 6198 malt it 0: decided 0.743, argmax 0.824" in "\n".join(lines)
     assert "seed 6198 malt it 2: decided 0.809, argmax 0.794" in "\n".join(lines)
+
+
+def test_paired_against_takes_another_arm_as_the_reference():
+    """Two arms on the same episodes: the difference is theirs, not against the base model, and
+    an arm equal to the reference reads 0 with a zero-width CI."""
+    import pandas as pd
+
+    paired_against = load_script("paired_against")
+    rows = []
+    for seed in (1, 2):
+        for datapoint in range(8):
+            y = datapoint % 2
+            for arm, right in (("base", False), ("solo", datapoint != 0), ("game", True)):
+                decision = y if right else 1 - y
+                rows.append((seed, arm, 1 if arm != "base" else 0, datapoint, 0, decision, y))
+    columns = ["seed", "arm", "iteration", "datapoint_id", "sample", "decision", "y"]
+    table = pd.DataFrame(rows, columns=columns)
+    table = table.assign(correct=table["decision"] == table["y"], decided=True, model_calls=1)
+    table = table.assign(tokens=1, p_accept=float("nan"))
+    out = paired_against.against_reference(table, ("solo", 1), [("game", 1), ("solo", 1)], 200)
+    assert set(zip(out["arm"], out["iteration"], strict=True)) == {("game", 1), ("solo", 1)}
+    across = out[out["scope"] == "across_seeds"].set_index("arm")
+    assert across.loc["game", "accuracy_when_decided"] == 1.0
+    assert abs(across.loc["game", "decided_diff_vs_base"] - 1 / 8) < 1e-12
+    assert across.loc["solo", ["decided_diff_ci_low", "decided_diff_ci_high"]].tolist() == [0, 0]
+
+
+def test_paired_against_reads_the_nip_folder():
+    import subprocess
+    import sys
+
+    command = [sys.executable, str(ROOT / "scripts" / "paired_against.py"), "rung-e4-from-solo"]
+    command += ["--reference", "label_pairs:1", "--arm", "nip_from_solo:1", "--resamples", "50"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    across = [line for line in done.stdout.splitlines() if line.lstrip().startswith("across")]
+    assert len(across) == 1 and " 0.965 " in across[0] and " 0.015 " in across[0], across

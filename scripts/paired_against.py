@@ -1,0 +1,83 @@
+"""Paired differences of arms against another arm of the same result folder, not the base model.
+
+    python scripts/paired_against.py rung-e4-from-solo --reference label_pairs:1 \
+        --arm nip_from_solo:1 --arm label_pairs_nip_from_solo_nodrift:1
+
+Two arms evaluated on the same seeds' test episodes can be compared pairwise: per seed, the same
+datapoints drawn on both sides, and across seeds the summary's two-level bootstrap (seeds, then
+datapoints within them). This makes the reference arm the seed's "base" of
+`nip_core.experiment.summary.summary_table` and prints, per seed and across seeds, each arm's
+decided accuracy and its paired difference from the reference with the 95 % CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import pandas as pd  # noqa: E402
+
+from nip_core.experiment.summary import summary_table  # noqa: E402
+
+RESULTS = REPO / "docs" / "results"
+REFERENCE = "reference"
+
+
+def arm_iteration(text: str) -> tuple[str, int]:
+    arm, _, iteration = text.rpartition(":")
+    if not arm or not iteration.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected ARM:ITERATION, e.g. malt:2")
+    return arm, int(iteration)
+
+
+def against_reference(
+    experiment: pd.DataFrame,
+    reference: tuple[str, int],
+    arms: list[tuple[str, int]],
+    resamples: int,
+) -> pd.DataFrame:
+    """Per-seed and across-seed rows of `arms`, their `decided_diff_vs_base` taken against the
+    `reference` arm's episodes at its iteration (which stand in for the base model)."""
+    name, iteration = reference
+    ref = experiment[(experiment["arm"] == name) & (experiment["iteration"] == iteration)]
+    if ref.empty:
+        raise SystemExit(f"error: no episodes of {name} at iteration {iteration}")
+    chosen = [
+        experiment[(experiment["arm"] == a) & (experiment["iteration"] == i)] for a, i in arms
+    ]
+    for (a, i), rows in zip(arms, chosen, strict=True):
+        if rows.empty:
+            raise SystemExit(f"error: no episodes of {a} at iteration {i}")
+    table = pd.concat([ref.assign(arm=REFERENCE, iteration=0), *chosen], ignore_index=True)
+    summary = summary_table(table, resamples=resamples, base_arm=REFERENCE)
+    # An arm without iteration-0 episodes gets the reference's as its iteration 0: not asked for.
+    asked = pd.Series(list(zip(summary["arm"], summary["iteration"], strict=True))).isin(arms)
+    keep = asked.to_numpy()
+    columns = ["scope", "seed", "arm", "iteration", "seeds", "accuracy_when_decided"]
+    columns += ["decided_diff_vs_base", "decided_diff_ci_low", "decided_diff_ci_high"]
+    return summary.loc[keep, columns].reset_index(drop=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", help="a folder under docs/results, or a path to one")
+    parser.add_argument("--reference", type=arm_iteration, required=True, metavar="ARM:ITERATION")
+    parser.add_argument(
+        "--arm", type=arm_iteration, action="append", required=True, metavar="ARM:ITERATION"
+    )
+    parser.add_argument("--resamples", type=int, default=2000)
+    args = parser.parse_args()
+    folder = Path(args.folder) if Path(args.folder).is_dir() else RESULTS / args.folder
+    experiment = pd.read_parquet(folder / "experiment.parquet")
+    rows = against_reference(experiment, args.reference, args.arm, args.resamples)
+    rows = rows.rename(columns={"decided_diff_vs_base": f"minus {args.reference[0]}"})
+    with pd.option_context("display.width", 200, "display.float_format", "{:.3f}".format):
+        print(rows.to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()
