@@ -42,8 +42,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import pandas as pd
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cpu_generation import (  # noqa: E402
@@ -56,7 +54,7 @@ from cpu_generation import (  # noqa: E402
 )
 
 from nip_core.lm_server.embedded_model import EMBEDDED_MODEL_NAME  # noqa: E402
-from nip_core.training.job_diagnostics import steps_table  # noqa: E402
+from nip_core.training.job_diagnostics import step_seconds  # noqa: E402
 
 
 def verifier_pairs(count: int) -> list[dict]:
@@ -139,7 +137,7 @@ def run_job(client, pairs: int, epochs: int) -> tuple[object, list[dict]]:
 
 def median_step(events: list[dict]) -> float | None:
     """The median of the job's timed optimizer steps after the first (warm-up)."""
-    seconds = steps_table(events).get("step_seconds", pd.Series(dtype=float)).dropna().tolist()
+    seconds = step_seconds(events)
     return statistics.median(seconds[1:] or seconds) if seconds else None
 
 

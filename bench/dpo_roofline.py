@@ -56,7 +56,7 @@ from nip_core.lm_server.step_flops import ModelShapes, dpo_step_work  # noqa: E4
 from nip_core.parameters import HyperParameters  # noqa: E402
 from nip_core.parameters.loading import apply_overrides, read_params_file  # noqa: E402
 from nip_core.training.fine_tune_jobs import lora_training_options  # noqa: E402
-from nip_core.training.job_diagnostics import steps_table  # noqa: E402
+from nip_core.training.job_diagnostics import step_seconds  # noqa: E402
 
 RECIPE = ROOT / "configs" / "experiment-cpu-easy.yaml"
 PAIRS = (
@@ -196,7 +196,7 @@ def measure(args, url: str, rows: list[dict], tokens, shapes, overrides: list[st
     events = run_job(url, method, extension, rows)
     first = next(e for e in events if e["message"].startswith("Training dpo"))
     used, device = first["data"]["precision"], first["data"]["device"].split(":")[0]
-    seconds = steps_table(events).get("step_seconds", pd.Series(dtype=float)).dropna().tolist()
+    seconds = step_seconds(events)
     per_step = (
         extension.get("gradient_accumulation_steps", 1)
         * method["dpo"]["hyperparameters"]["batch_size"]

@@ -26,6 +26,7 @@ from nip_core.training.job_diagnostics import (
     last_epoch_loss,
     read_steps,
     record_training_diagnostics,
+    step_seconds,
     steps_table,
     training_summary,
 )
@@ -114,6 +115,12 @@ def test_steps_table_has_one_row_per_step_with_the_dpo_columns():
     assert steps["step"].dtype == "int64" and steps["loss"].dtype == "float64"
     assert pd.isna(steps["epoch"].iloc[1])
     assert dataset_info(EVENTS) == DATASET
+
+
+def test_step_seconds_are_the_timed_steps_in_order():
+    timed = [ev({"step": 2, "loss": 0.5, "step_seconds": 3.0}), ev({"step": 1, "loss": 0.7})]
+    assert step_seconds([*timed, ev({"step": 3, "loss": 0.4, "step_seconds": 2.5})]) == [3.0, 2.5]
+    assert step_seconds(EVENTS[:1]) == [] and step_seconds([]) == []
 
 
 def test_sft_events_and_no_events_give_narrow_tables():

@@ -75,6 +75,13 @@ def steps_table(events: Iterable[Any]) -> pd.DataFrame:
     return frame.astype({"step": "int64", **dict.fromkeys(present, "float64")})
 
 
+def step_seconds(events: Iterable[Any]) -> list[float]:
+    """The wall seconds of each timed step, in step order (none where the trainer timed none):
+    what the step benchmarks read from a job's events."""
+    steps = steps_table(events)
+    return steps["step_seconds"].dropna().tolist() if "step_seconds" in steps else []
+
+
 def dataset_info(events: Iterable[Any]) -> dict | None:
     """The data of the last "dataset" event, None when the job sent none."""
     found = None
