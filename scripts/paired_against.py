@@ -42,17 +42,15 @@ def against_reference(
 ) -> pd.DataFrame:
     """Per-seed and across-seed rows of `arms`, their `decided_diff_vs_base` taken against the
     `reference` arm's episodes at its iteration (which stand in for the base model)."""
-    name, iteration = reference
-    ref = experiment[(experiment["arm"] == name) & (experiment["iteration"] == iteration)]
-    if ref.empty:
-        raise SystemExit(f"error: no episodes of {name} at iteration {iteration}")
-    chosen = [
-        experiment[(experiment["arm"] == a) & (experiment["iteration"] == i)] for a, i in arms
-    ]
-    for (a, i), rows in zip(arms, chosen, strict=True):
+
+    def episodes(arm: str, iteration: int) -> pd.DataFrame:
+        rows = experiment[(experiment["arm"] == arm) & (experiment["iteration"] == iteration)]
         if rows.empty:
-            raise SystemExit(f"error: no episodes of {a} at iteration {i}")
-    table = pd.concat([ref.assign(arm=REFERENCE, iteration=0), *chosen], ignore_index=True)
+            raise SystemExit(f"error: no episodes of {arm} at iteration {iteration}")
+        return rows
+
+    ref = episodes(*reference).assign(arm=REFERENCE, iteration=0)
+    table = pd.concat([ref, *(episodes(*arm) for arm in arms)], ignore_index=True)
     summary = summary_table(table, resamples=resamples, base_arm=REFERENCE)
     # An arm without iteration-0 episodes gets the reference's as its iteration 0: not asked for.
     asked = pd.Series(list(zip(summary["arm"], summary["iteration"], strict=True))).isin(arms)

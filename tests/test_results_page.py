@@ -34,6 +34,17 @@ def load_script(name: str):
 results_rows = load_script("results_rows")  # the script that makes the page's rows
 
 
+def run_script(name: str, *args: str) -> list[str]:
+    """The stdout lines of scripts/<name>.py run as users run it; a failure shows its stderr."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, str(ROOT / "scripts" / f"{name}.py"), *args]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
 def table_rows() -> list[tuple[list[str], str]]:
     """(cells before the folder, folder) of every table row that cites a result folder."""
     rows = []
@@ -69,14 +80,7 @@ def test_the_readme_learning_part_is_at_most_40_lines():
 def test_argmax_readings_tell_sharper_sampling_from_a_moved_preference():
     """scripts/argmax_readings.py on the published fill_in_choice test seed: the base samples
     0.743 right while its argmax reads 0.824, and `malt` after 2 rises in sampling only."""
-    import subprocess
-    import sys
-
-    repo = Path(__file__).resolve().parent.parent
-    command = [sys.executable, str(repo / "scripts" / "argmax_readings.py"), "fill-in-choice-test"]
-    done = subprocess.run([*command, "--resamples", "50"], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+    lines = run_script("argmax_readings", "fill-in-choice-test", "--resamples", "50")
     assert "seed 6198 malt it 0: decided 0.743, argmax 0.824" in "\n".join(lines)
     assert "seed 6198 malt it 2: decided 0.809, argmax 0.794" in "\n".join(lines)
 
@@ -107,12 +111,7 @@ def test_paired_against_takes_another_arm_as_the_reference():
 
 
 def test_paired_against_reads_the_nip_folder():
-    import subprocess
-    import sys
-
-    command = [sys.executable, str(ROOT / "scripts" / "paired_against.py"), "rung-e4-from-solo"]
-    command += ["--reference", "label_pairs:1", "--arm", "nip_from_solo:1", "--resamples", "50"]
-    done = subprocess.run(command, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    across = [line for line in done.stdout.splitlines() if line.lstrip().startswith("across")]
+    arms = ("--reference", "label_pairs:1", "--arm", "nip_from_solo:1", "--resamples", "50")
+    lines = run_script("paired_against", "rung-e4-from-solo", *arms)
+    across = [line for line in lines if line.lstrip().startswith("across")]
     assert len(across) == 1 and " 0.965 " in across[0] and " 0.015 " in across[0], across
