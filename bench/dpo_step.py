@@ -5,6 +5,7 @@
     python bench/dpo_step.py --tokens 470 --answer-words 6 --compare-lora-top-layers 10
     python bench/dpo_step.py --tokens 470 --answer-words 10 --compare-prompt-gradients
     python bench/dpo_step.py --tokens 385 --answer-words 6 --compare-lean-lora --precision bf16
+    python bench/dpo_step.py --steps 12 --tokens 385 --answer-words 9 --compare-packed-pairs
 
 Loads the embedded SmolLM2-135M-Instruct (`--precision`), builds TRL's `DPOTrainer` through the
 same code the server's training child uses (`nip_core.lm_server.training`, LoRA on all linear
@@ -26,6 +27,10 @@ batch), and ends with `ratio shared_prompt/duplicated_prompt: <x>` (fastest step
 `--compare-lean-lora` times PEFT's own LoRA forward, then ours (`nip_core.lm_server.lean_lora`,
 the default), and ends with `ratio lean_lora/peft_lora: <x>`; `--precision fp32|bf16` sets the
 frozen weights' type (default: auto, bf16 where the CPU multiplies it natively).
+`--compare-packed-pairs` times each pair's answers run after its prompt through the prompt's
+cache (two backbone calls a step), then each pair packed in one row (one call, the default),
+alternating twice (the VM's speed drifts), and ends with `ratio packed/cached: <x>` (median
+steps over both rounds of each).
 `--compare-compiled-layers` times eager steps, then each decoder layer under `torch.compile`
 (`dynamic=True`; the steps it compiles in are left in), and ends with
 `ratio compiled/eager: <x>` (median steps of each run's second half).
@@ -173,6 +178,7 @@ def main() -> None:
     parser.add_argument("--compare-prompt-gradients", action="store_true")
     parser.add_argument("--compare-lean-lora", action="store_true")
     parser.add_argument("--compare-compiled-layers", action="store_true")
+    parser.add_argument("--compare-packed-pairs", action="store_true")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -198,6 +204,9 @@ def main() -> None:
         return
     if args.compare_compiled_layers:
         compare_compiled_layers(run, args.precision)
+        return
+    if args.compare_packed_pairs:
+        compare_packed_pairs(run, args.precision)
         return
     clock, lengths = measure(*run, precision=args.precision)
     mean_step = statistics.mean(clock.steps)
@@ -259,6 +268,23 @@ def compare_lean_lora(run: tuple, precision: str) -> None:
         name = "lean" if lean else "peft"
         fastest[name] = timed_variant(run, f"{name} LoRA ({precision})", precision=precision)
     print(f"ratio lean_lora/peft_lora: {fastest['lean'] / fastest['peft']:.2f}")
+
+
+def compare_packed_pairs(run: tuple, precision: str) -> None:
+    """The same steps with each pair's answers through its prompt's cache, then packed in one
+    row with its prompt, twice over."""
+    steps = {"cached": [], "packed": []}
+    for _ in range(2):
+        for packed in (False, True):
+            training.PACK_PAIR_ANSWERS = packed
+            name = "packed" if packed else "cached"
+            clock, lengths = measure(*run, checkpointing=False, precision=precision)
+            steps[name] += clock.steps
+            timed = " ".join(f"{t:.2f}" for t in clock.steps)
+            print(f"{name} pairs ({precision}): sequence lengths {lengths}; dpo steps (s): {timed}")
+    medians = {name: statistics.median(times) for name, times in steps.items()}
+    print(f"median steps: cached {medians['cached']:.2f} s, packed {medians['packed']:.2f} s")
+    print(f"ratio packed/cached: {medians['packed'] / medians['cached']:.2f}")
 
 
 def compare_compiled_layers(run: tuple, precision: str) -> None:

@@ -7,6 +7,7 @@ padding, pairs whose prompts differ in length, and calls it must leave alone.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import pytest
@@ -18,6 +19,7 @@ from tests.tiny_model import build_tiny_model
 torch = pytest.importorskip("torch")
 # The unpatched function: each recording patch wraps this, not a patch an earlier call left.
 FORWARD_SHARING_PREFIX = shared_prefix._forward_sharing_prefix
+FORWARD_PACKED = shared_prefix._forward_packed
 
 
 @pytest.fixture(scope="module")
@@ -82,22 +84,61 @@ def test_pair_shared_lengths_count_real_common_tokens():
     assert lengths(same, None).tolist() == [2]  # one position left for the second call
 
 
-def test_sharing_the_prompt_gives_the_same_log_probs_and_gradients(tiny_model_dir, monkeypatch):
+def test_packed_layout_puts_each_pair_in_one_row_and_reads_every_row_back():
+    # pair 0: prompt [1 2 3], chosen [4 5], rejected [6]; pair 1: prompt [7 8], chosen [9],
+    # rejected [10 11 12]; rows right-padded with 0
+    ids = torch.tensor([[1, 2, 3, 4, 5], [7, 8, 9, 0, 0], [1, 2, 3, 6, 0], [7, 8, 10, 11, 12]])
+    mask = (ids != 0).long()
+    lengths = torch.tensor([3, 2])
+    rows, columns, positions, segments, back = shared_prefix.packed_layout(mask, lengths)
+    assert ids[rows, columns].tolist() == [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]]
+    assert positions.tolist() == [[0, 1, 2, 3, 4, 3], [0, 1, 2, 2, 3, 4]]
+    assert segments.tolist() == [[0, 0, 0, 1, 1, 2], [0, 0, 1, 2, 2, 2]]
+    packed = ids[rows, columns].reshape(-1)
+    real = mask.bool()
+    assert torch.equal(packed[back][real], ids[real])  # every real token read back in place
+
+    mask_rows = shared_prefix.packed_attention_mask(segments, "bool", torch.float32)[:, 0]
+    # The rejected answer of pair 0 sees its prompt and itself, not the chosen answer.
+    assert mask_rows[0, 5].tolist() == [True, True, True, False, False, True]
+    assert mask_rows[1, 3].tolist() == [True, True, False, True, False, False]
+    additive = shared_prefix.packed_attention_mask(segments, "additive", torch.bfloat16)
+    assert additive.dtype == torch.bfloat16
+    assert torch.equal(additive[:, 0] == 0, mask_rows)
+
+
+def test_a_pair_padded_past_its_packed_row_sees_only_its_prompt_and_padding():
+    ids = torch.tensor([[1, 2, 3, 4], [1, 2, 0, 0], [1, 2, 3, 5], [1, 2, 9, 0]])
+    _, _, _, segments, _ = shared_prefix.packed_layout((ids != 0).long(), torch.tensor([3, 2]))
+    assert segments.tolist() == [[0, 0, 0, 1, 2], [0, 0, 2, 3, 3]]
+    allowed = shared_prefix.packed_attention_mask(segments, "bool", torch.float32)[1, 0]
+    assert allowed[:3, 3:].sum() == 0  # no real token sees padding
+    assert allowed[4].tolist() == [True, True, False, True, True]
+
+
+@pytest.mark.parametrize(("pack", "attention"), [(True, "sdpa"), (True, "eager"), (False, "sdpa")])
+def test_sharing_the_prompt_gives_the_same_log_probs_and_gradients(
+    tiny_model_dir, monkeypatch, pack, attention
+):
     monkeypatch.setattr(shared_prefix, "MIN_SHARED_TOKENS", 4)
     ids, mask, labels = _pair_batch()
     model = _lora_model(tiny_model_dir)
+    model.set_attn_implementation(attention)
     expected, expected_grads = _log_probs_and_lora_grads(model, ids, mask, labels)
 
     backbone = shared_prefix.transformer_backbone(model)
+    assert shared_prefix.packing_mask_kind(backbone) == shared_prefix.PACKING_MASKS[attention]
     calls = []
     original = backbone.forward
     backbone.forward = lambda **kw: calls.append(kw["input_ids"].shape) or original(**kw)
-    assert shared_prefix.share_pair_prefixes(backbone)
+    assert shared_prefix.share_pair_prefixes(backbone, pack=pack)
     assert not shared_prefix.share_pair_prefixes(backbone)  # patched once
     shared, grads = _log_probs_and_lora_grads(model, ids, mask, labels)
 
-    # Each pair's prompt once (20 and 23 tokens), then each row's remainder (3-5 tokens).
-    assert calls == [(2, 23), (4, 5)]
+    if pack:  # one row a pair: prompt, chosen, rejected (20 + 3 + 4 and 23 + 5 + 3 tokens)
+        assert calls == [(2, 31)]
+    else:  # each pair's prompt once (20 and 23 tokens), then each row's remainder (3-5 tokens)
+        assert calls == [(2, 23), (4, 5)]
     assert torch.allclose(shared, expected, atol=1e-5)
     assert (shared != 0).sum() == (labels[:, 1:] != -100).sum()
     assert expected_grads.keys() == grads.keys() and any("lora_A" in n for n in grads)
@@ -207,7 +248,9 @@ def test_a_frozen_prompt_gives_the_same_log_probs_and_trains_through_the_answers
             _c.append(kw["input_ids"].shape) or _o(**kw)
         )
         states = _recording_first_layer(backbone)
-        assert shared_prefix.share_pair_prefixes(backbone, prompt_gradients=prompt_gradients)
+        # Both through the prompt's cache, the trained prompt not packed with its answers.
+        share = functools.partial(shared_prefix.share_pair_prefixes, pack=False)
+        assert share(backbone, prompt_gradients=prompt_gradients)
         runs[prompt_gradients] = (
             *_log_probs_and_lora_grads(model, ids, mask, labels),
             calls,
@@ -239,9 +282,12 @@ def _train_log(
     monkeypatch,
     prompt_gradients: bool = True,
     batch_size: int = 1,
+    pack: bool = False,
 ) -> tuple[list[dict], list[tuple[list[int], bool]]]:
-    """The trainer's loss log and (each pair's shared positions, frozen) of each shared call."""
+    """The trainer's loss log and (each pair's shared positions, frozen or "packed") of each
+    shared call."""
     monkeypatch.setattr(training, "SHARE_PAIR_PROMPTS", share)
+    monkeypatch.setattr(training, "PACK_PAIR_ANSWERS", pack)
     shared_calls = []
     monkeypatch.setattr(
         shared_prefix,
@@ -249,6 +295,11 @@ def _train_log(
         lambda *args: (
             shared_calls.append((args[3].tolist(), args[6])) or FORWARD_SHARING_PREFIX(*args)
         ),
+    )
+    monkeypatch.setattr(
+        shared_prefix,
+        "_forward_packed",
+        lambda *args: shared_calls.append((args[3].tolist(), "packed")) or FORWARD_PACKED(*args),
     )
     torch.manual_seed(0)
     options = TrainingOptions(
@@ -282,20 +333,23 @@ def _train_log(
     return [entry for entry in trainer.state.log_history if "loss" in entry], shared_calls
 
 
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "cached"])
 @pytest.mark.parametrize("batch_size", [1, 2])
 def test_dpo_trainer_trains_the_same_with_the_prompt_shared(
-    tiny_model_dir, tmp_path, monkeypatch, batch_size
+    tiny_model_dir, tmp_path, monkeypatch, batch_size, pack
 ):
     """TRL's whole step (precomputed reference, loss, margins) matches the duplicated batch,
-    one pair a batch or both, their prompts of different lengths."""
+    one pair a batch or both, their prompts of different lengths, each pair packed in one row
+    or its answers run after its prompt through the prompt's cache."""
     args = (tiny_model_dir, tmp_path, False, monkeypatch, True, batch_size)
     unshared, unshared_calls = _train_log(*args)
-    shared, shared_calls = _train_log(tiny_model_dir, tmp_path, True, *args[3:])
+    shared, shared_calls = _train_log(tiny_model_dir, tmp_path, True, *args[3:], pack=pack)
     assert unshared_calls == []
     steps = 4 // batch_size
     # the reference's pass over both pairs, then the steps; each call shares every pair's prompt
     assert len(shared_calls) == 2 // batch_size + steps
     assert all(len(lengths) == batch_size for lengths, _ in shared_calls)
+    assert {how for _, how in shared_calls} == {"packed" if pack else False}
     if batch_size == 2:
         assert len(set(shared_calls[0][0])) == 2  # prompts of their own lengths, one call
     assert len(shared) == len(unshared) == steps
@@ -318,3 +372,17 @@ def test_dpo_trainer_with_a_frozen_prompt_starts_alike_and_trains_otherwise(
     assert len(frozen) == len(shared) == 4
     assert frozen[0]["loss"] == pytest.approx(shared[0]["loss"], rel=1e-5)  # the same first step
     assert frozen[-1]["loss"] != pytest.approx(shared[-1]["loss"], rel=1e-4)  # other updates
+
+
+@pytest.mark.parametrize(
+    ("attention", "sliding_window", "kind"),
+    [("sdpa", None, "bool"), ("eager", None, "additive"), ("sdpa", 64, None), ("flex", None, None)],
+)
+def test_only_a_backbone_that_reads_a_4d_mask_as_given_packs(attention, sliding_window, kind):
+    """A sliding window or another attention builds its own mask: those pairs go through the
+    prompt's cache instead."""
+    from types import SimpleNamespace
+
+    backbone = torch.nn.Module()
+    backbone.config = SimpleNamespace(_attn_implementation=attention, sliding_window=sliding_window)
+    assert shared_prefix.packing_mask_kind(backbone) == kind

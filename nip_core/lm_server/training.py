@@ -296,6 +296,10 @@ def return_freed_memory() -> bool:
 # A DPO batch's common prompt runs through the model once (`shared_prefix`); off only to
 # measure what it saves (`bench/dpo_step.py --compare-shared-prompt`).
 SHARE_PAIR_PROMPTS = True
+# ... each pair as one packed row (prompt, chosen, rejected) rather than its prompt, then its
+# answers through the prompt's cache; off only to measure what it saves (`bench/dpo_step.py
+# --compare-packed-pairs`).
+PACK_PAIR_ANSWERS = True
 
 
 def context_length(model) -> int | None:
@@ -334,7 +338,11 @@ def build_trainer(options, model, tokenizer, rows, output_dir, peft_config=None,
         return_freed_memory()  # the memory-bound path: the heap must not keep freed steps
     if options.method == "dpo" and SHARE_PAIR_PROMPTS:
         # Before the trainer is built: it computes the reference's log-probabilities there.
-        share_pair_prefixes(transformer_backbone(model), prompt_gradients=options.prompt_gradients)
+        share_pair_prefixes(
+            transformer_backbone(model),
+            prompt_gradients=options.prompt_gradients,
+            pack=PACK_PAIR_ANSWERS,
+        )
     if trainer_cls is SFTTrainer:
         # As the OpenAI API trains: the assistant's turns only, not the prompt they answer.
         rows = assistant_only_rows(tokenizer, rows)
