@@ -280,13 +280,11 @@ def share_pair_prefixes(
             frozen = not prompt_gradients and torch.is_grad_enabled()
             # Frozen, the last shared position runs with the answers: it predicts their first
             # differing token.
-            if lengths is None or int(lengths.min()) - frozen < MIN_SHARED_TOKENS:
-                pass
-            elif packing is not None:
-                dtype = backbone.get_input_embeddings().weight.dtype
-                args = (original, input_ids, attention_mask, lengths, kwargs, packing, dtype)
-                return _forward_packed(*args)
-            else:
+            if lengths is not None and int(lengths.min()) - frozen >= MIN_SHARED_TOKENS:
+                if packing is not None:
+                    dtype = backbone.get_input_embeddings().weight.dtype
+                    args = (original, input_ids, attention_mask, lengths, kwargs, packing, dtype)
+                    return _forward_packed(*args)
                 output = _forward_sharing_prefix(
                     original,
                     input_ids,
