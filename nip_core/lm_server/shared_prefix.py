@@ -246,11 +246,9 @@ def share_pair_prefixes(
 ) -> bool:
     """Patch `backbone` (the transformer under the LM head) so that a batch whose halves share
     a prompt runs it once: each pair as one packed row where `pack` and the backbone takes a
-    4-D mask, else the prompts then the answers through their cache, the prompt without
-    gradients unless `prompt_gradients`. Other calls go through unchanged. Returns False where
-    it already is. A backbone that can do neither runs every batch unshared (one warning):
-    slower, and with its prompt in the graph.
-    """
+    4-D mask, else the prompts then the answers through their cache (the prompt without
+    gradients unless `prompt_gradients`). Other calls go through unchanged; False where already
+    patched. A backbone that can do neither runs every batch unshared (one warning)."""
     if getattr(backbone.forward, "shares_pair_prefixes", False):
         return False
     original = backbone.forward
