@@ -21,7 +21,8 @@ the answers' positions, forward and backward) and divides by the step's time: th
 The reference is the fastest rate a plain matrix multiply of the same shapes (each projection
 and its backward at the step's tokens, all cores) reaches on this machine in any precision the
 step may use: fp32, and bf16 where the hardware has it natively (a CPU listing AVX512_BF16 or
-AMX, a CUDA GPU). The first step (warm-up) is left out; the rate is the summed work over the
+AMX, a CUDA GPU), read before and after the job (the VM's speed drifts by up to a third within
+minutes; the faster reading counts). The first step (warm-up) is left out; the rate is the summed work over the
 summed time of the others. The last line is `ratio achieved/matmul: <x>`.
 
 `--compare KEY=VALUE` (repeatable, the config's dotted keys) runs the job twice on the same
@@ -52,6 +53,7 @@ from cpu_generation import ROOT, _free_port, _wait_up  # noqa: E402
 from nip_core.lm_server import training  # noqa: E402
 from nip_core.lm_server.embedded_model import EMBEDDED_MODEL_NAME, embedded_model_path  # noqa: E402
 from nip_core.lm_server.hardware import NATIVE_BF16_FLAGS, cpu_flags  # noqa: E402
+from nip_core.lm_server.precision import has_cuda  # noqa: E402
 from nip_core.lm_server.step_flops import ModelShapes, dpo_step_work  # noqa: E402
 from nip_core.parameters import HyperParameters  # noqa: E402
 from nip_core.parameters.loading import apply_overrides, read_params_file  # noqa: E402
@@ -155,6 +157,18 @@ def matmul_rate(shapes: ModelShapes, tokens: int, dtype, device: str, repeats: i
     return flops / best
 
 
+def matmul_rates(shapes: ModelShapes, tokens: int, device: str) -> dict[str, float]:
+    """`matmul_rate` in each precision this hardware multiplies natively, on all cores."""
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    return {
+        name: matmul_rate(shapes, tokens, dtypes[name], device)
+        for name in native_precisions(device)
+    }
+
+
 def native_precisions(device: str) -> list[str]:
     """The precisions the step may use that this hardware multiplies natively."""
     if device == "cuda":
@@ -193,6 +207,10 @@ def measure(args, url: str, rows: list[dict], tokens, shapes, overrides: list[st
     """Run the recipe's job with `overrides`, print its figures; the ratio achieved/matmul."""
     method, extension = recipe_request(args.config, args.epochs, overrides)
     print(f"-- {' '.join(overrides) or 'the recipe as shipped'}")
+    micro_tokens = round(statistics.mean(p + c + r for p, c, r in tokens))
+    # The VM's speed drifts by up to a third within minutes: the cores' rate is read before and
+    # after the job, and the faster reading is the denominator.
+    before = matmul_rates(shapes, micro_tokens, "cuda" if has_cuda() else "cpu")
     events = run_job(url, method, extension, rows)
     first = next(e for e in events if e["message"].startswith("Training dpo"))
     used, device = first["data"]["precision"], first["data"]["device"].split(":")[0]
@@ -212,15 +230,8 @@ def measure(args, url: str, rows: list[dict], tokens, shapes, overrides: list[st
     ]
     timed = list(zip(work[1:], seconds[1:], strict=True)) or list(zip(work, seconds, strict=True))
     achieved = sum(w.total for w, _ in timed) / sum(s for _, s in timed)
-    micro_tokens = round(statistics.mean(p + c + r for p, c, r in tokens))
-    import torch
-
-    torch.set_num_threads(os.cpu_count() or 1)
-    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-    rates = {
-        name: matmul_rate(shapes, micro_tokens, dtypes[name], device)
-        for name in native_precisions(device)
-    }
+    after = matmul_rates(shapes, micro_tokens, device)
+    rates = {name: max(before.get(name, 0.0), rate) for name, rate in after.items()}
     best = max(rates, key=rates.get)
     print(f"{first['message']}")
     print(
@@ -230,7 +241,11 @@ def measure(args, url: str, rows: list[dict], tokens, shapes, overrides: list[st
     mean_work = statistics.mean(w.total for w, _ in timed)
     print(f"work per step: {mean_work / 1e9:.0f} GFLOP (forward and backward)")
     print(f"achieved: {achieved / 1e9:.1f} GFLOP/s with frozen weights in {used}")
-    shown = ", ".join(f"{name} {rate / 1e9:.1f} GFLOP/s" for name, rate in rates.items())
+    shown = ", ".join(
+        f"{name} {rate / 1e9:.1f} GFLOP/s (before {before.get(name, 0.0) / 1e9:.0f}, after "
+        f"{after[name] / 1e9:.0f})"
+        for name, rate in rates.items()
+    )
     print(f"matmul on the model's shapes ({micro_tokens} rows, all cores): {shown}")
     ratio = achieved / rates[best]
     print(f"{used} step: ratio achieved/matmul ({best}): {ratio:.2f}")

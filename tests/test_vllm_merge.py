@@ -54,12 +54,31 @@ with open(Path(out).parent / "merges.log", "a") as log:
 """
 
 
+def free_port_block(count: int = 4) -> int:
+    """A base port with `count` free ports from it (the pool runs processes on `port`,
+    `port + 1`, ...), below the kernel's ephemeral range: an OS-chosen port's neighbour can be
+    any connection's source port (a flaky "address in use" under xdist)."""
+    import random
+    import socket
+
+    for _ in range(200):
+        base = random.randrange(20000, 32000 - count)
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    return free_port()
+
+
 @pytest.fixture
 def cpu_engine(fake_vllm: Path, tmp_path: Path):  # noqa: F811
     def build(**options) -> VllmEngine:
         engine = VllmEngine(
             "base-model",
-            port=free_port(),
+            port=free_port_block(),
             vllm_executable=str(fake_vllm),
             device="cpu",
             merge_dir=tmp_path / "merged",

@@ -296,9 +296,9 @@ def return_freed_memory() -> bool:
 # A DPO batch's common prompt runs through the model once (`shared_prefix`); off only to
 # measure what it saves (`bench/dpo_step.py --compare-shared-prompt`).
 SHARE_PAIR_PROMPTS = True
-# ... each pair as one packed row (prompt, chosen, rejected) rather than its prompt, then its
-# answers through the prompt's cache; off only to measure what it saves (`bench/dpo_step.py
-# --compare-packed-pairs`).
+# Shared, each pair runs as one packed row (prompt, chosen, rejected) rather than its prompt,
+# then its answers through the prompt's cache; off only to measure what that saves
+# (`bench/dpo_step.py --compare-packed-pairs`).
 PACK_PAIR_ANSWERS = True
 
 
