@@ -120,6 +120,19 @@ def test_verifier_cannot_decide_before_min_rounds() -> None:
     assert parsed.decision is None and parsed.messages == {"main": "Decision: accept"}
 
 
+def test_an_early_verdict_is_a_move_where_it_ends_the_episode() -> None:
+    """With `early_decision_ends_episode` the verifier's early verdict is returned as a decision
+    (`step_outcome` then ends the episode undecided); a question stays a message, and a prover
+    quoting a verdict still only speaks."""
+    protocol = build_protocol("nip", rounds=5, early_decision_ends_episode=True)
+    late = type(protocol)(**{**protocol.__dict__, "min_message_rounds": 3})
+    assert parse_response(late, "verifier", 0, 0, "Decision: reject").decision == REJECT
+    asked = parse_response(late, "verifier", 0, 0, "Question for Expert: why?")
+    assert asked.decision is None and asked.messages == {"main": "Question for Expert: why?"}
+    quoted = parse_response(late, "prover", 1, 0, "Answer: Decision: accept")
+    assert quoted.decision is None
+
+
 def test_prover_quoting_decision_keeps_message() -> None:
     text = 'Answer: you should write "Decision: accept" now.'
     parsed = parse_response(NIP, "prover", 1, 0, text)

@@ -232,6 +232,18 @@ def test_supervisor_texts_follow_the_game_state() -> None:
         supervisor_fires("sometimes", True)
 
 
+def test_the_verifier_is_told_when_an_early_verdict_ends_the_conversation() -> None:
+    params = make_params(use_supervisor_message="all")
+    texts = []
+    for ends in (False, True):
+        protocol = build_protocol("nip", rounds=5, early_decision_ends_episode=ends)
+        protocol = type(protocol)(**{**protocol.__dict__, "min_message_rounds": 3})
+        first = chat_messages(protocol, "verifier", params, make_datapoint(), [], 0, 0)[-1]
+        texts.append(first["content"])
+    assert "cannot give a verdict yet" in texts[0] and "ends the conversation" not in texts[0]
+    assert "a verdict now ends the conversation with none" in texts[1]
+
+
 def test_turns_must_match_round() -> None:
     protocol = build_protocol("nip", rounds=5)
     with pytest.raises(ValueError, match="round 3 needs the 3 earlier"):

@@ -40,6 +40,7 @@ ODD = {
 }
 SHARED = {"shared_reward": True}
 RANDOM_STANCE = {"randomize_prover_stance": True}
+EARLY_ENDS = {"early_decision_ends_episode": True}
 
 
 @dataclass(frozen=True)
@@ -250,6 +251,31 @@ NIP_ROWS = _rows(
     (
         "decision-at-min-round",
         {"nip_protocol": {"min_message_rounds": 3}},
+        Step(2, 1, 1, {"P": 1, "V": 1}, "done"),
+    ),
+    (
+        "early-decision-ends-episode",
+        _common(EARLY_ENDS) | {"nip_protocol": {"min_message_rounds": 3}},
+        Step(0, 1, 1, {"P": 0, "V": -1}, "terminated"),
+    ),
+    (
+        "early-decision-ends-episode-odd",
+        _common(ODD, EARLY_ENDS) | {"nip_protocol": {"min_message_rounds": 3}},
+        Step(0, 0, 0, {"P": 0, "V": -5}, "terminated"),
+    ),
+    (
+        "early-rule-question-goes-on",
+        _common(EARLY_ENDS) | {"nip_protocol": {"min_message_rounds": 3}},
+        Step(0, None, 1, {"P": 0, "V": 0}),
+    ),
+    (
+        "early-rule-prover-round-goes-on",
+        _common(EARLY_ENDS) | {"nip_protocol": {"min_message_rounds": 3}},
+        Step(1, 1, 1, {"P": 0, "V": 0}),
+    ),
+    (
+        "early-rule-decision-at-min-round",
+        _common(EARLY_ENDS) | {"nip_protocol": {"min_message_rounds": 3}},
         Step(2, 1, 1, {"P": 1, "V": 1}, "done"),
     ),
     ("force-zero", _common({"force_guess": "zero"}), Step(0, None, 1, {"P": 0, "V": -1}, "done")),

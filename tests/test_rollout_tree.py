@@ -294,6 +294,34 @@ def test_always_invalid_verifier_is_recorded_as_failure():
     assert client.calls == 3 * 1 + 1 * 2 + 3 * 4
 
 
+@pytest.mark.parametrize("ends", [False, True])
+def test_an_early_verdict_ends_the_tree_branch_where_the_protocol_says_so(ends):
+    """Every agent answers "Decision: reject" (a prover's is a message): read as a message, the
+    round-0 verdict lets the chat go on to the verdict at round 2; ending the episode, the
+    branch stops at round 0, undecided, with the terminated penalty."""
+    ctx = make_context(
+        "nip",
+        "nip_protocol.max_message_rounds=3",
+        "nip_protocol.min_message_rounds=3",
+        f"protocol_common.early_decision_ends_episode={ends}",
+    )
+    table = grow(ctx, ScriptedClient("Decision: reject"), make_items(1))
+    rows = [r for r in table.to_pylist() if r["round"] >= 0]  # below the root
+    verifier_reward = {
+        r["node_id"]: dict((s["agent"], s["reward"]) for s in r["step_rewards"])["verifier"]
+        for r in rows
+    }
+    first = [r for r in rows if r["round"] == 0]
+    assert first and all(r["decision"] is None for r in first)
+    if ends:
+        assert all(r["terminated"] for r in first) and max(r["round"] for r in rows) == 0
+        assert {verifier_reward[r["node_id"]] for r in first} == {-1.0}
+    else:
+        assert not any(r["terminated"] for r in first)
+        last = [r for r in rows if r["round"] == 2]
+        assert last and all(r["decision"] == 0 for r in last)
+
+
 def test_invalid_response_is_resampled():
     ctx = make_context("nip", "nip_protocol.max_message_rounds=1")
     client = ScriptedClient("Decision: maybe", valid_text="Decision: accept", valid_after=1)

@@ -180,8 +180,9 @@ def parse_response(
 ) -> ParsedResponse:
     """The move `text` makes for `agent_name` in `round`; raises `InvalidResponse` if unusable.
 
-    Only a verifier allowed to decide this round can decide; a prover's text is always just its
-    message, even if it quotes "Decision: accept". In the fill-in protocol the verifier's text
+    Only a verifier allowed to decide this round can decide (or, with the protocol's
+    `early_decision_ends_episode`, end the episode by a verdict too early); a prover's text is
+    always just its message, even if it quotes "Decision: accept". In the fill-in protocol the verifier's text
     is code, and `datapoint` (its two solutions) turns it into a verdict.
     """
     spec = protocol.agent(agent_name)
@@ -189,6 +190,10 @@ def parse_response(
         raise InvalidResponse("the response is empty")
     if writes_disputed_part(protocol.name) and spec.is_verifier:
         return ParsedResponse(messages={}, decision=written_verdict(text, datapoint))
+    if spec.is_verifier and protocol.early_decision_ends_episode:
+        verdict = parse_decision(text)
+        if verdict is not None:  # counted or, too early, ending the episode (`step_outcome`)
+            return ParsedResponse(messages={}, decision=decision_value(verdict))
     if spec.is_verifier and verifier_can_decide(protocol, round, episode_seed):
         verdict = parse_decision(text)
         if verdict is not None:

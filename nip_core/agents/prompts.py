@@ -236,6 +236,7 @@ def supervisor_message(
     variables |= {
         "round": round,
         "can_decide": spec.is_verifier and verifier_can_decide(protocol, round, episode_seed),
+        "early_verdict_ends": protocol.early_decision_ends_episode,
         "questions_remaining": max_rounds_remaining_questions(protocol, round),
         "single_message": len(own_turns) == 1,
         "verifier_has_spoken": any(turn.raw.get(verifier) for turn in turns),

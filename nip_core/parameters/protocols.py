@@ -25,6 +25,10 @@ class ProtocolRules:
     verifier_no_guess_reward: float = 0.0
     shared_reward: bool = False
     force_guess: ForceGuess | None = None
+    # A verdict in a verifier turn where it cannot count (before `min_message_rounds - 1`) ends
+    # the episode undecided, with `verifier_terminated_penalty`; False reads it as a message.
+    # Rolled out, a question then outranks an early verdict: the verifier must hear a prover.
+    early_decision_ends_episode: bool = False
 
 
 def rules_of(settings: ProtocolRules) -> dict[str, Any]:

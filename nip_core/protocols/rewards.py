@@ -87,18 +87,22 @@ def step_outcome(
 
     Returns:
         A `StepOutcome` with a reward for every agent. `terminated` is set when no decision was
-        made in the episode's last possible round (R-1; for the solo verifier, round 0).
+        made in the episode's last possible round (R-1; for the solo verifier, round 0), and
+        with `early_decision_ends_episode` when the verifier gave a verdict before it may.
     """
     _check_binary("y", y)
     _check_binary("prover_stance", prover_stance)
     if decision is not None:
         _check_binary("decision", decision)
+    can_decide = verifier_can_decide(protocol, round, episode_seed)
+    verifier_active = is_agent_active(protocol, protocol.verifier_name, round, episode_seed)
+    early = protocol.early_decision_ends_episode and verifier_active and decision is not None
+    early = early and not can_decide
     decision = _forced(protocol, decision, y)
-    if not verifier_can_decide(protocol, round, episode_seed):
+    if not can_decide:
         decision = None
     decided = decision is not None
-    terminated = not decided and round >= protocol.max_message_rounds - 1
-    verifier_active = is_agent_active(protocol, protocol.verifier_name, round, episode_seed)
+    terminated = early or (not decided and round >= protocol.max_message_rounds - 1)
     verifier_reward = _verifier_step_reward(protocol, decision, y, verifier_active, terminated)
     rewards = {protocol.verifier_name: verifier_reward}
     for name in protocol.prover_names:
