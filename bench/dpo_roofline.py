@@ -22,8 +22,8 @@ The reference is the fastest rate a plain matrix multiply of the same shapes (ea
 and its backward at the step's tokens, all cores) reaches on this machine in any precision the
 step may use: fp32, and bf16 where the hardware has it natively (a CPU listing AVX512_BF16 or
 AMX, a CUDA GPU), read before and after the job (the VM's speed drifts by up to a third within
-minutes; the faster reading counts). The first step (warm-up) is left out; the rate is the summed work over the
-summed time of the others. The last line is `ratio achieved/matmul: <x>`.
+minutes; the faster reading counts). The first step (warm-up) is left out; the rate is the
+summed work over the summed time of the others. The last line is `ratio achieved/matmul: <x>`.
 
 `--compare KEY=VALUE` (repeatable, the config's dotted keys) runs the job twice on the same
 server, first with those settings (e.g. the recipe as it was, or

@@ -182,23 +182,20 @@ def parse_response(
 
     Only a verifier allowed to decide this round can decide (or, with the protocol's
     `early_decision_ends_episode`, end the episode by a verdict too early); a prover's text is
-    always just its message, even if it quotes "Decision: accept". In the fill-in protocol the verifier's text
-    is code, and `datapoint` (its two solutions) turns it into a verdict.
+    always just its message, even if it quotes "Decision: accept". In the fill-in protocol the
+    verifier's text is code, and `datapoint` (its two solutions) turns it into a verdict.
     """
     spec = protocol.agent(agent_name)
     if not text or not text.strip():
         raise InvalidResponse("the response is empty")
     if writes_disputed_part(protocol.name) and spec.is_verifier:
         return ParsedResponse(messages={}, decision=written_verdict(text, datapoint))
-    if spec.is_verifier and protocol.early_decision_ends_episode:
+    can_decide = spec.is_verifier and verifier_can_decide(protocol, round, episode_seed)
+    if can_decide or (spec.is_verifier and protocol.early_decision_ends_episode):
         verdict = parse_decision(text)
-        if verdict is not None:  # counted or, too early, ending the episode (`step_outcome`)
+        if verdict is not None:  # too early, `step_outcome` ends the episode undecided
             return ParsedResponse(messages={}, decision=decision_value(verdict))
-    if spec.is_verifier and verifier_can_decide(protocol, round, episode_seed):
-        verdict = parse_decision(text)
-        if verdict is not None:
-            return ParsedResponse(messages={}, decision=decision_value(verdict))
-        if looks_like_decision_attempt(text):
+        if can_decide and looks_like_decision_attempt(text):
             raise InvalidResponse(
                 "the response tries to decide but states no single verdict; write exactly "
                 '"Decision: accept" or "Decision: reject"'

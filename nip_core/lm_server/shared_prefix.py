@@ -85,13 +85,30 @@ def declared_cache_keyword(backbone: torch.nn.Module) -> str | None:
     return next((name for name in ("cache", "past_key_values") if name in parameters), None)
 
 
+def row_ends(mask: torch.Tensor) -> torch.Tensor:
+    """Each right-padded row's real length (0 for a row of padding only)."""
+    import torch
+
+    ends = mask.shape[1] - mask.flip(1).to(torch.int64).argmax(dim=1)
+    return torch.where(mask.any(dim=1), ends, torch.zeros_like(ends))
+
+
+def _call_arguments(input_ids, attention_mask, kwargs: dict[str, Any]):
+    """The batch's mask (all ones where none was given) and the call's other arguments without
+    the cache ones, which each shared call sets itself (`_can_share` let only None through)."""
+    import torch
+
+    mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+    cache_keys = ("use_cache", "cache", "past_key_values")
+    return mask, {k: v for k, v in kwargs.items() if k not in cache_keys}
+
+
 def remainder_positions(mask: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
     """Each row's positions from its `starts` on, as many as the longest remainder of a real
     (right-padded) row needs; past a row's end they run on beyond the batch's width."""
     import torch
 
-    row_ends = mask.shape[1] - mask.flip(1).to(torch.int64).argmax(dim=1)
-    rest_width = int((row_ends[:, None] - starts).max())
+    rest_width = int((row_ends(mask)[:, None] - starts).max())
     return starts + torch.arange(rest_width, device=mask.device)
 
 
@@ -111,9 +128,7 @@ def _forward_sharing_prefix(
 
     rows, width = input_ids.shape
     half = rows // 2
-    mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
-    # Given here for each call; `_can_share` let through only None for the cache keys.
-    kwargs = {k: v for k, v in kwargs.items() if k not in ("use_cache", "cache", "past_key_values")}
+    mask, kwargs = _call_arguments(input_ids, attention_mask, kwargs)
     prompt_width = int(lengths.max())
     prompt_mask = (torch.arange(prompt_width, device=mask.device) < lengths[:, None]).to(mask.dtype)
     with torch.no_grad() if frozen else contextlib.nullcontext():
@@ -182,8 +197,7 @@ def packed_layout(mask: torch.Tensor, lengths: torch.Tensor):
 
     rows, width = mask.shape
     half = rows // 2
-    ends = width - mask.flip(1).to(torch.int64).argmax(dim=1)  # right-padded rows
-    ends = torch.where(mask.any(dim=1), ends, torch.zeros_like(ends))
+    ends = row_ends(mask)
     chosen_end = ends[:half]  # in both the row and the packed row
     packed_end = chosen_end + ends[half:] - lengths
     column = torch.arange(int(packed_end.max()), device=mask.device)[None, :]
@@ -224,11 +238,9 @@ def packed_attention_mask(segments: torch.Tensor, kind: str, dtype) -> torch.Ten
 def _forward_packed(original, input_ids, attention_mask, lengths, kwargs, kind, dtype):
     """The backbone's output for the whole batch, each pair run as one packed row (`dtype`:
     the backbone's compute type, for an additive mask)."""
-    import torch
 
-    mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+    mask, kwargs = _call_arguments(input_ids, attention_mask, kwargs)
     source_rows, source_columns, positions, segments, back = packed_layout(mask, lengths)
-    kwargs = {k: v for k, v in kwargs.items() if k not in ("use_cache", "cache", "past_key_values")}
     packed = original(
         input_ids=input_ids[source_rows, source_columns],
         attention_mask=packed_attention_mask(segments, kind, dtype),

@@ -96,8 +96,8 @@ def step_outcome(
         _check_binary("decision", decision)
     can_decide = verifier_can_decide(protocol, round, episode_seed)
     verifier_active = is_agent_active(protocol, protocol.verifier_name, round, episode_seed)
-    early = protocol.early_decision_ends_episode and verifier_active and decision is not None
-    early = early and not can_decide
+    early = protocol.early_decision_ends_episode and decision is not None
+    early &= verifier_active and not can_decide
     decision = _forced(protocol, decision, y)
     if not can_decide:
         decision = None
