@@ -414,3 +414,24 @@ def test_alternate_verdicts_parses_sampled_replies_as_the_rewards_do():
     ]
     order = [r["name"] for r in export.alternate_verdicts(rows, "chosen")]
     assert order == ["a1", "r1", "a2", "r2", "r3", "n1"]
+
+
+def test_malt_label_pairs_skip_chats_an_early_verdict_ended():
+    """Under `early_decision_ends_episode` a round-0 verdict ends the episode penalised; a label
+    pair after that chat would teach the verifier to decide there, so only chats that reached
+    a round where a verdict counts get one."""
+    rules = ("nip_protocol.max_message_rounds=3", "nip_protocol.min_message_rounds=3")
+    every = TextRlParameters(verifier_guess_replacement_proportion=1.0)
+    rounds_of = {}
+    for ends in (False, True):
+        tree = Tree(
+            make_context("nip", *rules, f"protocol_common.early_decision_ends_episode={ends}"), 12
+        )
+        early = verifier_rows.ended_by_early_verdict(tree.nodes, tree.ctx.protocol)
+        ids, rounds = tree.nodes["node_id"].to_pylist(), tree.nodes["round"].to_pylist()
+        round_of = dict(zip(ids, rounds, strict=True))
+        rows = verifier_rows.guess_replaced_pairs(tree.nodes, tree.export, every, 1)
+        rounds_of[ends] = collections.Counter(round_of[r["parent_node_id"]] for r in rows)
+        assert early.any() == ends, "the dummy verifier gives some round-0 verdicts"
+    # the verdict turn is round 2: its chat's parent is the prover's round-1 node
+    assert set(rounds_of[False]) == {1} and set(rounds_of[True]) == {1}

@@ -67,10 +67,13 @@ def guess_replaced_pairs(
 
     Balanced: DPO's optimum moves the accept-vs-reject log-odds by ln(n_accept/n_reject)/beta,
     so at beta 0.1 a 59:41 label split alone took a verifier to ~97 % accepts (validation).
-    One pair per distinct chat: identical pairs from sibling samples are dropped first."""
+    One pair per distinct chat: identical pairs from sibling samples are dropped first. A chat
+    that an early verdict ended (`early_decision_ends_episode`) gets none: a verdict there is
+    what the protocol penalises, so a label pair would teach the verifier to decide early."""
     verifier = context.protocol.verifier_name
     p = guess_replacement_proportion(text_rl, context.iteration)
     leaves = leaf_indices(nodes)
+    leaves = leaves[~ended_by_early_verdict(nodes, context.protocol)[leaves]]
     if p <= 0 or len(leaves) == 0:
         return []
     rng = np.random.default_rng(stable_int("malt-guess", run_seed, context.iteration, verifier))
@@ -107,6 +110,15 @@ def guess_replaced_pairs(
             }
         )
     return rows
+
+
+def ended_by_early_verdict(nodes: pa.Table, protocol) -> np.ndarray:
+    """Per node: the episode ended there, before the verifier could decide. Only an early
+    verdict under `early_decision_ends_episode` does that; running out of rounds ends an
+    episode at its last round, never before `min_message_rounds - 1`."""
+    terminated = nodes.column("terminated").to_numpy(zero_copy_only=False).astype(bool)
+    rounds = nodes.column("round").to_numpy(zero_copy_only=False)
+    return terminated & (rounds < protocol.min_message_rounds - 1)
 
 
 def distinct_verifier_chats(
