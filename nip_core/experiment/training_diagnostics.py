@@ -20,7 +20,12 @@ from typing import Any
 import fsspec
 import pandas as pd
 
-from nip_core.training.job_diagnostics import last_epoch_loss, read_steps, training_summary
+from nip_core.training.job_diagnostics import (
+    column_end,
+    last_epoch_loss,
+    read_steps,
+    training_summary,
+)
 
 # (seed, arm, iteration, steps table, summary: `training` of the fine-tune stage info or None)
 TrainingEntry = tuple[int, str, int, pd.DataFrame, dict | None]
@@ -45,8 +50,7 @@ def read_training(fs: fsspec.AbstractFileSystem, path: str) -> tuple[pd.DataFram
 
 
 def _end(steps: pd.DataFrame, column: str, last: bool = True) -> float:
-    values = steps[column].dropna() if column in steps else pd.Series(dtype=float)
-    return float(values.iloc[-1 if last else 0]) if not values.empty else math.nan
+    return _or_nan(column_end(steps, column, last))
 
 
 def _or_nan(value: float | None) -> float:

@@ -111,7 +111,9 @@ def last_epoch_loss(steps: pd.DataFrame) -> float | None:
     return _finite(float(losses.mean())) if not losses.empty else None
 
 
-def _column_end(steps: pd.DataFrame, column: str, last: bool) -> float | None:
+def column_end(steps: pd.DataFrame, column: str, last: bool = True) -> float | None:
+    """A steps column's last (or first) recorded value; None where it has none or not a finite
+    one."""
     values = steps[column].dropna() if column in steps else pd.Series(dtype=float)
     if values.empty:
         return None
@@ -134,10 +136,10 @@ def training_summary(steps: pd.DataFrame, dataset: dict | None) -> dict[str, Any
         # examples the trainer left out (a DPO prompt alone filling max_length)
         "dropped": examples - kept if examples is not None and kept is not None else None,
         "steps": len(steps),
-        "first_loss": _column_end(steps, "loss", last=False),
-        "last_loss": _column_end(steps, "loss", last=True),
+        "first_loss": column_end(steps, "loss", last=False),
+        "last_loss": column_end(steps, "loss", last=True),
         "last_epoch_loss": last_epoch_loss(steps),
-        "last_margin": _column_end(steps, "rewards_margins", last=True),
+        "last_margin": column_end(steps, "rewards_margins", last=True),
     }
 
 
