@@ -20,6 +20,7 @@ from nip_core.malt.rollout_tree import (
     history,
     turns_by_node,
 )
+from nip_core.malt.tree_values import pairs_table, rewards_table
 from nip_core.parameters import HyperParameters, apply_overrides
 from nip_core.play.episodes import rollout_settings
 from nip_core.protocols import active_agents
@@ -315,11 +316,53 @@ def test_an_early_verdict_ends_the_tree_branch_where_the_protocol_says_so(ends):
     assert first and all(r["decision"] is None for r in first)
     if ends:
         assert all(r["terminated"] for r in first) and max(r["round"] for r in rows) == 0
+        assert all(r["acted"] == ["verifier"] for r in first), "an early verdict is a move"
         assert {verifier_reward[r["node_id"]] for r in first} == {-1.0}
     else:
         assert not any(r["terminated"] for r in first)
         last = [r for r in rows if r["round"] == 2]
         assert last and all(r["decision"] == 0 for r in last)
+
+
+def test_a_question_pairs_with_an_early_verdict_beside_it():
+    """Two replies a turn, one a verdict and one a question: at round 0 the verdict ends the
+    episode penalised and the question goes on to a round-2 verdict, so MALT's interval
+    selection prefers the question at round 0 (both siblings are the verifier's moves)."""
+    ctx = make_context(
+        "nip",
+        "nip_protocol.max_message_rounds=3",
+        "nip_protocol.min_message_rounds=3",
+        "protocol_common.early_decision_ends_episode=true",
+        "pure_text_malt.num_responses_per_timestep=2",
+    )
+
+    class VerdictOrQuestion:
+        async def complete(self, messages, model, n, sampling):
+            return ["Decision: reject", "Which input breaks it?"][:n]
+
+    items = [item for item in make_items(4) if item.datapoint.y == 0]  # reject is right
+    table = grow(ctx, VerdictOrQuestion(), items)
+    rewards = rewards_table(table, ctx.agent_names, ctx.reward_midpoints, "monte_carlo")
+    pairs = pairs_table(
+        table,
+        rewards,
+        ctx.agent_names,
+        method="interval",
+        reward_midpoints=ctx.reward_midpoints,
+        reward_ranges=ctx.reward_ranges,
+        interval_threshold_proportion=0.25,
+        seed=3,
+    ).to_pylist()
+    text = {
+        r["node_id"]: r["raw_messages"][0]["content"]
+        for r in table.to_pylist()
+        if r["raw_messages"]
+    }
+    first = [p for p in pairs if p["agent"] == "verifier" and p["round"] == 0]
+    assert len(first) == len(items)
+    for pair in first:
+        assert text[pair["chosen_node_id"]] == "Which input breaks it?"
+        assert text[pair["rejected_node_id"]] == "Decision: reject"
 
 
 def test_invalid_response_is_resampled():

@@ -200,11 +200,13 @@ def _child(
         item.episode_seed,
     )
     effective_decision = decision if outcome.decided else None
+    # A verdict the protocol did not count (one that ended the episode early) is still the
+    # verifier's move: its node must pair with a sibling that asked instead.
     acted = tuple(
         agent
         for agent in responses
         if any(m.agent == agent for m in messages)
-        or (agent == protocol.verifier_name and outcome.decided)
+        or (agent == protocol.verifier_name and decision is not None)
     )
     return _Node(
         node_id=f"{parent.node_id}.{index}",
