@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from nip_core.agents import DummyChatClient, training_conversation
+from nip_core.agents.parsing import parse_decision
 from nip_core.episode import Datapoint
 from nip_core.malt import dataset_export as export
 from nip_core.malt import schemas, verifier_rows
@@ -433,5 +434,20 @@ def test_malt_label_pairs_skip_chats_an_early_verdict_ended():
         rows = verifier_rows.guess_replaced_pairs(tree.nodes, tree.export, every, 1)
         rounds_of[ends] = collections.Counter(round_of[r["parent_node_id"]] for r in rows)
         assert early.any() == ends, "the dummy verifier gives some round-0 verdicts"
+        questions = verifier_rows.early_question_pairs(tree.nodes, tree.export, rows)
+        if not ends:
+            assert questions == []
+            continue
+        # one per first-turn chat, the round-0 question over the verdict the label pair prefers
+        assert len(questions) == len({r["datapoint_id"] for r in rows}) > 0
+        label_of = {r["datapoint_id"]: r["chosen"] for r in rows}
+        for row in questions:
+            assert (
+                round_of[row["chosen_node_id"]] == 0
+                and row["parent_node_id"] == row["chosen_node_id"].rsplit(".", 1)[0]
+            )
+            assert row["rejected"] == label_of[row["datapoint_id"]]
+            assert parse_decision(row["chosen"][0]["content"]) is None
+            assert len(row["openai_prompt"]) < min(len(r["openai_prompt"]) for r in rows)
     # the verdict turn is round 2: its chat's parent is the prover's round-1 node
     assert set(rounds_of[False]) == {1} and set(rounds_of[True]) == {1}

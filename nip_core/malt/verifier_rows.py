@@ -26,7 +26,7 @@ from nip_core.malt.dataset_export import (
     guess_replacement_proportion,
     leaf_indices,
 )
-from nip_core.malt.rollout_tree import history, turns_by_node
+from nip_core.malt.rollout_tree import history, path_to_node, turns_by_node
 from nip_core.malt.tree_values import label_balanced_mask
 from nip_core.model_api.chat_format import fold_speaker_names, openai_messages
 from nip_core.seeding import stable_int
@@ -52,7 +52,8 @@ def verifier_signal_rows(
         context,
     )
     if verifier in agents and malt.trains_on_label_pairs:
-        rows += guess_replaced_pairs(nodes, context, text_rl, run_seed)
+        labels = guess_replaced_pairs(nodes, context, text_rl, run_seed)
+        rows += labels + early_question_pairs(nodes, context, labels)
     return rows
 
 
@@ -107,6 +108,56 @@ def guess_replaced_pairs(
                 "chosen_expected_reward": None,
                 "rejected_expected_reward": None,
                 "guess_replaced": True,
+            }
+        )
+    return rows
+
+
+def early_question_pairs(
+    nodes: pa.Table, context: ExportContext, label_rows: Sequence[dict]
+) -> list[dict]:
+    """Under `early_decision_ends_episode`, each label pair's counterpart at the verifier's first
+    turn of the same chat: the question it asked there preferred over the verdict the label
+    pair prefers later. An early verdict's penalty is known without sampling it, as a counted
+    verdict's reward is; trained on label pairs alone, the 135M verifier wrote its verdict in
+    every turn and ended every episode early (validation seed 7002). One row per distinct
+    first-turn chat."""
+    protocol = context.protocol
+    if not protocol.early_decision_ends_episode or not label_rows:
+        return []
+    index = turns_by_node(nodes)
+    item_of = dict(
+        zip(
+            nodes.column("node_id").to_pylist(),
+            nodes.column("batch_index").to_pylist(),
+            strict=True,
+        )
+    )
+    seen, rows = set(), []
+    for label in label_rows:
+        asked = [
+            node
+            for node in path_to_node(index, label["parent_node_id"])
+            if index[node][1].round < protocol.min_message_rounds - 1
+            and protocol.verifier_name in index[node][1].raw
+        ]
+        if not asked:
+            continue
+        item = context.items[item_of[asked[0]]]
+        chat = agent_chat(context, protocol.verifier_name, item, history(index, asked[0]))
+        key = json.dumps(chat[:-1], sort_keys=True)
+        if key in seen:
+            continue
+        seen.add(key)
+        rows.append(
+            label
+            | {
+                "openai_prompt": openai_messages(chat[:-1]),
+                "prompt": fold_speaker_names(chat[:-1]),
+                "chosen": assistant_reply(chat[-1]["content"]),
+                "rejected": label["chosen"],
+                "parent_node_id": index[asked[0]][0],
+                "chosen_node_id": asked[0],
             }
         )
     return rows
