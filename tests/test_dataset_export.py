@@ -428,7 +428,8 @@ def test_malt_label_pairs_skip_chats_an_early_verdict_ended():
         tree = Tree(
             make_context("nip", *rules, f"protocol_common.early_decision_ends_episode={ends}"), 12
         )
-        early = verifier_rows.ended_by_early_verdict(tree.nodes, tree.ctx.protocol)
+        terminated = np.array(tree.nodes["terminated"].to_pylist(), dtype=bool)
+        early = terminated & (np.array(tree.nodes["round"].to_pylist()) == 0)
         ids, rounds = tree.nodes["node_id"].to_pylist(), tree.nodes["round"].to_pylist()
         round_of = dict(zip(ids, rounds, strict=True))
         rows = verifier_rows.guess_replaced_pairs(tree.nodes, tree.export, every, 1)
@@ -451,3 +452,35 @@ def test_malt_label_pairs_skip_chats_an_early_verdict_ended():
             assert len(row["openai_prompt"]) < min(len(r["openai_prompt"]) for r in rows)
     # the verdict turn is round 2: its chat's parent is the prover's round-1 node
     assert set(rounds_of[False]) == {1} and set(rounds_of[True]) == {1}
+
+
+def test_a_label_pair_stands_at_the_verdict_turn_where_the_verdict_failed_to_parse():
+    """A verifier that asks in round 0 and writes an unparsable verdict in round 2: the label
+    pair is placed after the round-2 chat it was shown (the prover's answer in it), not after
+    its last parsed reply, the round-0 question, where a verdict cannot count."""
+    ctx = make_context(
+        "nip",
+        "nip_protocol.max_message_rounds=3",
+        "nip_protocol.min_message_rounds=3",
+        "protocol_common.early_decision_ends_episode=true",
+        "agents.verifier.num_invalid_generation_retries=0",
+    )
+
+    class AsksThenFails:
+        async def complete(self, messages, model, n, sampling):
+            last_turn = "no questions left" in messages[-1]["content"]
+            return ["Decision: Decision: Decision" if last_turn else "Which input breaks it?"] * n
+
+    items = make_items(4)
+    settings = rollout_settings(ctx, {a: AsksThenFails() for a in ctx.agent_names})
+    nodes = asyncio.run(grow_trees(items, settings))
+    assert all(r["failure"] for r in nodes.to_pylist() if r["round"] == 2)
+    context = export.ExportContext(
+        ctx.protocol, ctx.agent_params, {it.batch_index: it for it in items}, ctx.iteration
+    )
+    every = TextRlParameters(verifier_guess_replacement_proportion=1.0)
+    rows = verifier_rows.guess_replaced_pairs(nodes, context, every, 1)
+    assert len({r["datapoint_id"] for r in rows}) == len(rows) == 4  # 2 per label, one each
+    for row in rows:
+        assert "no questions left" in row["openai_prompt"][-1]["content"]
+        assert any("Which input breaks it?" in m["content"] for m in row["openai_prompt"])

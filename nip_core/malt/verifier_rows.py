@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nip_core.agents.prompts import verdict_reply
+from nip_core.agents.prompts import chat_messages, verdict_reply
 from nip_core.episode import ACCEPT, REJECT
 from nip_core.malt.dataset_export import (
     ExportContext,
@@ -29,6 +29,7 @@ from nip_core.malt.dataset_export import (
 from nip_core.malt.rollout_tree import history, path_to_node, turns_by_node
 from nip_core.malt.tree_values import label_balanced_mask
 from nip_core.model_api.chat_format import fold_speaker_names, openai_messages
+from nip_core.protocols import is_agent_active, verifier_can_decide
 from nip_core.seeding import stable_int
 
 
@@ -68,13 +69,11 @@ def guess_replaced_pairs(
 
     Balanced: DPO's optimum moves the accept-vs-reject log-odds by ln(n_accept/n_reject)/beta,
     so at beta 0.1 a 59:41 label split alone took a verifier to ~97 % accepts (validation).
-    One pair per distinct chat: identical pairs from sibling samples are dropped first. A chat
-    that an early verdict ended (`early_decision_ends_episode`) gets none: a verdict there is
-    what the protocol penalises, so a label pair would teach the verifier to decide early."""
+    One pair per distinct chat (`distinct_verifier_chats`): identical pairs from sibling samples
+    are dropped first."""
     verifier = context.protocol.verifier_name
     p = guess_replacement_proportion(text_rl, context.iteration)
     leaves = leaf_indices(nodes)
-    leaves = leaves[~ended_by_early_verdict(nodes, context.protocol)[leaves]]
     if p <= 0 or len(leaves) == 0:
         return []
     rng = np.random.default_rng(stable_int("malt-guess", run_seed, context.iteration, verifier))
@@ -163,36 +162,48 @@ def early_question_pairs(
     return rows
 
 
-def ended_by_early_verdict(nodes: pa.Table, protocol) -> np.ndarray:
-    """Per node: the episode ended there, before the verifier could decide. Only an early
-    verdict under `early_decision_ends_episode` does that; running out of rounds ends an
-    episode at its last round, never before `min_message_rounds - 1`."""
-    terminated = nodes.column("terminated").to_numpy(zero_copy_only=False).astype(bool)
-    rounds = nodes.column("round").to_numpy(zero_copy_only=False)
-    return terminated & (rounds < protocol.min_message_rounds - 1)
+def verdict_turn_prompt(context: ExportContext, item, turns) -> list[dict] | None:
+    """The chat the verifier was shown at the turn its verdict counts in: the episode's last
+    round where the verifier acts there (its reply may have failed to parse), else the round
+    of its last reply; None where a verdict cannot count in that turn (an early verdict's turn
+    under `early_decision_ends_episode`) or the verifier never acted."""
+    protocol, verifier = context.protocol, context.protocol.verifier_name
+    last = turns[-1].round
+    if not is_agent_active(protocol, verifier, last, item.episode_seed):
+        spoken = [turn.round for turn in turns if turn.raw.get(verifier)]
+        if not spoken:
+            return None
+        last = spoken[-1]
+    if not verifier_can_decide(protocol, last, item.episode_seed):
+        return None
+    params = context.agent_params[verifier]
+    return chat_messages(
+        protocol, verifier, params, item.datapoint, turns[:last], last, item.episode_seed
+    )
 
 
 def distinct_verifier_chats(
     nodes: pa.Table, context: ExportContext, leaves: np.ndarray
 ) -> dict[int, list[dict]]:
-    """The first leaf of each distinct chat the verifier's last reply came from (where the
-    verifier spoke) -> that chat, the reply left out. Siblings sampled from one chat (the solo
-    verifier's K answers) would give the same label pair K times: a K-fold step on that
-    problem, not more data."""
-    verifier = context.protocol.verifier_name
+    """The first leaf of each distinct chat the verifier was shown at its verdict turn
+    (`verdict_turn_prompt`) -> that chat. Siblings sampled from one chat (the solo verifier's
+    K answers) would give the same label pair K times: a K-fold step on that problem, not more
+    data. A leaf where the verifier's verdict failed to parse still gets its turn's chat; a
+    chat that an early verdict ended gets none, since a label pair there would teach the
+    verifier to decide where the protocol penalises it."""
     index = turns_by_node(nodes)
     batch_indices = nodes.column("batch_index").to_pylist()
     node_ids = nodes.column("node_id").to_pylist()
     seen, out = set(), {}
     for leaf in leaves.tolist():
         item = context.items[batch_indices[leaf]]
-        chat = agent_chat(context, verifier, item, history(index, node_ids[leaf]))
-        if chat is None:
+        prompt = verdict_turn_prompt(context, item, history(index, node_ids[leaf]))
+        if prompt is None:
             continue
-        key = json.dumps(chat[:-1], sort_keys=True)
+        key = json.dumps(prompt, sort_keys=True)
         if key not in seen:
             seen.add(key)
-            out[leaf] = chat[:-1]
+            out[leaf] = prompt
     return out
 
 
