@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nip_core.agents.prompts import chat_messages, verdict_reply
-from nip_core.episode import ACCEPT, REJECT
+from nip_core.episode import ACCEPT, REJECT, Turn
 from nip_core.malt.dataset_export import (
     ExportContext,
     agent_chat,
@@ -26,7 +26,7 @@ from nip_core.malt.dataset_export import (
     guess_replacement_proportion,
     leaf_indices,
 )
-from nip_core.malt.rollout_tree import history, path_to_node, turns_by_node
+from nip_core.malt.rollout_tree import BatchItem, history, path_to_node, turns_by_node
 from nip_core.malt.tree_values import label_balanced_mask
 from nip_core.model_api.chat_format import fold_speaker_names, openai_messages
 from nip_core.protocols import is_agent_active, verifier_can_decide
@@ -162,7 +162,9 @@ def early_question_pairs(
     return rows
 
 
-def verdict_turn_prompt(context: ExportContext, item, turns) -> list[dict] | None:
+def verdict_turn_prompt(
+    context: ExportContext, item: BatchItem, turns: Sequence[Turn]
+) -> list[dict] | None:
     """The chat the verifier was shown at the turn its verdict counts in: the episode's last
     round where the verifier acts there (its reply may have failed to parse), else the round
     of its last reply; None where a verdict cannot count in that turn (an early verdict's turn
