@@ -22,6 +22,7 @@ from nip_core.malt.dataset_export import (
     ExportContext,
     agent_chat,
     assistant_reply,
+    batch_index_by_node,
     dpo_rows,
     guess_replacement_proportion,
     leaf_indices,
@@ -125,13 +126,7 @@ def early_question_pairs(
     if not protocol.early_decision_ends_episode or not label_rows:
         return []
     index = turns_by_node(nodes)
-    item_of = dict(
-        zip(
-            nodes.column("node_id").to_pylist(),
-            nodes.column("batch_index").to_pylist(),
-            strict=True,
-        )
-    )
+    item_of = batch_index_by_node(nodes)
     seen, rows = set(), []
     for label in label_rows:
         asked = [
