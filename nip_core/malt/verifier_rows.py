@@ -129,15 +129,15 @@ def early_question_pairs(
     item_of = batch_index_by_node(nodes)
     seen, rows = set(), []
     for label in label_rows:
+        item = context.items[item_of[label["parent_node_id"]]]
         asked = [
             node
             for node in path_to_node(index, label["parent_node_id"])
-            if index[node][1].round < protocol.min_message_rounds - 1
-            and protocol.verifier_name in index[node][1].raw
+            if protocol.verifier_name in index[node][1].raw
+            and not verifier_can_decide(protocol, index[node][1].round, item.episode_seed)
         ]
         if not asked:
             continue
-        item = context.items[item_of[asked[0]]]
         chat = agent_chat(context, protocol.verifier_name, item, history(index, asked[0]))
         key = json.dumps(chat[:-1], sort_keys=True)
         if key in seen:
