@@ -101,7 +101,11 @@ def simple(cls: type, **overrides: st.SearchStrategy) -> st.SearchStrategy:
     return fields_strategy(cls, **overrides).map(lambda kw: cls(**kw))
 
 
-MALT = simple(PureTextMaltParameters, num_initial_ei_iterations=st.integers(0, 5))
+MALT = simple(
+    PureTextMaltParameters,
+    num_initial_ei_iterations=st.integers(0, 5),
+    rollout_early_verdict_retries=st.integers(0, 5),
+)
 EI = simple(
     PureTextEiParameters, reward_threshold=ANY_FLOAT, weighting_minimum=st.none() | ANY_FLOAT
 )
@@ -137,6 +141,10 @@ def hyper_params(draw) -> HyperParameters:
     # Sparing a settled label changes a balance that must be on (`check_training_signal`).
     if malt.balance_spares_settled_labels and not malt.balance_verifier_by_label:
         malt = dataclasses.replace(malt, balance_verifier_by_label=True)
+    common = draw(COMMON)
+    # Early verdicts can be re-sampled only where a verifier may give one (`check_across_sections`).
+    if malt.rollout_early_verdict_retries and not common.early_decision_ends_episode:
+        malt = dataclasses.replace(malt, rollout_early_verdict_retries=0)
     drawn = {name: draw(agents()) for name in names}
     served = [a for a in drawn.values() if a.model_provider == "SelfHosted" and not a.use_dummy_api]
     if served:  # one server serves the run: its self-hosted agents name the same one
@@ -164,7 +172,7 @@ def hyper_params(draw) -> HyperParameters:
         pure_text_malt=malt,
         code_validation=draw(simple(CodeValidationParameters)),
         dataset_options=draw(simple(DatasetParameters)),
-        protocol_common=draw(COMMON),
+        protocol_common=common,
         nip_protocol=draw(rounds(NipProtocolParameters)),
         debate_protocol=draw(rounds(DebateProtocolParameters)),
         mnip_protocol=draw(rounds(MnipProtocolParameters)),

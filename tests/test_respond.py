@@ -40,11 +40,31 @@ class ScriptedClient:
         return batch
 
 
-def run(client, protocol=NIP, agent="verifier", n=1, round=0, retries=20, seed=11, **params):
+def run(
+    client,
+    protocol=NIP,
+    agent="verifier",
+    n=1,
+    round=0,
+    retries=20,
+    seed=11,
+    early_verdict_retries=0,
+    **params,
+):
     agent_params = make_params(num_invalid_generation_retries=retries, **params)
     return asyncio.run(
         generate_responses(
-            client, protocol, agent, agent_params, "model-x", CHAT, n, round, 0, seed
+            client,
+            protocol,
+            agent,
+            agent_params,
+            "model-x",
+            CHAT,
+            n,
+            round,
+            0,
+            seed,
+            early_verdict_retries=early_verdict_retries,
         )
     )
 
@@ -98,6 +118,38 @@ def test_retry_exhaustion_gives_failure_without_messages() -> None:
     assert response.messages == {} and response.decision is None and response.retries == 3
     assert response.raw == "Decision: dunno"
     assert "after 3 retries" in response.failure and "Decision: dunno" in response.failure
+
+
+ASK_FIRST = build_protocol("nip", rounds=5, early_decision_ends_episode=True)
+ASK_FIRST = type(ASK_FIRST)(**{**ASK_FIRST.__dict__, "min_message_rounds": 3})
+
+
+def test_early_verdicts_are_resampled_until_a_question() -> None:
+    """Only the early verdicts are asked again, each kept until a valid non-verdict comes; an
+    invalid or still-early fresh sample leaves the verdict, which stands once the tries end."""
+    client = ScriptedClient(
+        ["Decision: reject", "Question for Expert: why?", "Decision: accept"],
+        ["Decision: accept", "   "],
+        ["Question for Expert: and n = 0?", "Decision: reject"],
+    )
+    out = run(client, protocol=ASK_FIRST, n=3, early_verdict_retries=2)
+    assert [n for n, _ in client.calls] == [3, 2, 2]
+    assert out[0].messages == {"main": "Question for Expert: and n = 0?"}
+    assert out[0].decision is None and out[0].retries == 2
+    assert out[1].retries == 0
+    assert out[2].decision == ACCEPT and out[2].failure is None and out[2].retries == 2
+    assert out[2].raw == "Decision: accept"
+    seeds = [sampling.seed for _, sampling in client.calls]
+    assert len(set(seeds)) == 3 and attempt_seed(11, 1) not in seeds
+
+
+def test_verdicts_are_not_resampled_where_they_count_or_without_retries() -> None:
+    counted = run(
+        ScriptedClient(["Decision: reject"]), protocol=ASK_FIRST, round=2, early_verdict_retries=3
+    )
+    assert counted[0].decision == REJECT and counted[0].retries == 0
+    kept = run(ScriptedClient(["Decision: reject"]), protocol=ASK_FIRST)
+    assert kept[0].decision == REJECT and kept[0].retries == 0
 
 
 def test_zero_retries_fails_immediately() -> None:

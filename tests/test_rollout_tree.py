@@ -406,3 +406,35 @@ def test_a_rollout_temperature_heats_training_rollouts_only():
     assert {p.temperature for p in evaluation.values()} != {1.7}
     with pytest.raises(ValueError, match="rollout_temperature"):
         make_context("nip", "pure_text_malt.rollout_temperature=2.5")
+
+
+def test_early_verdicts_are_resampled_in_training_rollouts_only():
+    """With `rollout_early_verdict_retries` a verifier that first judges at once, then asks when
+    asked again, reaches the round where its verdict counts in training rollouts; evaluations
+    keep the verdict as drawn. Without the rule the setting is refused."""
+    from nip_core.play.episodes import evaluation_settings
+
+    rules = (
+        "nip",
+        "nip_protocol.max_message_rounds=3",
+        "nip_protocol.min_message_rounds=3",
+        "protocol_common.early_decision_ends_episode=true",
+    )
+    ctx = make_context(*rules, "pure_text_malt.rollout_early_verdict_retries=2")
+    assert rollout_settings(ctx, {}).early_verdict_retries == 2
+    assert evaluation_settings(ctx, {}, "test").early_verdict_retries == 0
+    client = ScriptedClient("Decision: reject", valid_text="Which input breaks it?", valid_after=1)
+    rows = grow(ctx, client, make_items(1)).to_pylist()
+    first = [r for r in rows if r["round"] == 0]
+    assert first and all(not r["terminated"] and r["retries"] == 1 for r in first)
+    assert max(r["round"] for r in rows) == 2
+    as_drawn = grow(
+        make_context(*rules),
+        ScriptedClient("Decision: reject", valid_text="Which input breaks it?", valid_after=1),
+        make_items(1),
+    ).to_pylist()
+    assert max(r["round"] for r in as_drawn) == 0
+    with pytest.raises(ValueError, match="early_decision_ends_episode"):
+        make_context("nip", "pure_text_malt.rollout_early_verdict_retries=2")
+    with pytest.raises(ValueError, match="rollout_early_verdict_retries"):
+        make_context(*rules, "pure_text_malt.rollout_early_verdict_retries=-1")

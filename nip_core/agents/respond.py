@@ -8,6 +8,7 @@ reference wrote "" on every channel, which collided with other agents' messages 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from nip_core.agents.clients import ChatClient, SamplingParams
@@ -16,7 +17,7 @@ from nip_core.agents.prompts import verdict_reply
 from nip_core.data.pairwise import chooses_disputed_part
 from nip_core.episode import ACCEPT, REJECT, Datapoint
 from nip_core.parameters.agents import PureTextAgentParameters
-from nip_core.protocols import Protocol
+from nip_core.protocols import Protocol, verifier_can_decide
 from nip_core.seeding import stable_int
 
 _SHOWN_CHARS = 300  # how much of an invalid text a failure message quotes
@@ -112,37 +113,99 @@ async def generate_responses(
     episode_seed: int,
     seed: int,
     datapoint: Datapoint | None = None,
+    early_verdict_retries: int = 0,
 ) -> list[AgentResponse]:
     """`n` parsed responses of `agent_name` to `chat`, in sample order.
 
     Client errors (network, rate limits) propagate; only parse failures are retried here.
     `datapoint` is needed where a verdict is read against the solutions (the fill-in protocol).
+    `early_verdict_retries` re-samples a verifier's verdict given before it may decide (under
+    `early_decision_ends_episode`) up to that many times, keeping the first fresh sample that is
+    a valid move and no verdict; one still early after them stands, and ends the episode.
     """
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
     max_retries = agent_params.num_invalid_generation_retries
     if max_retries < 0:
         raise ValueError(f"num_invalid_generation_retries must be >= 0, got {max_retries}")
+
+    def parse(text: str) -> ParsedResponse | InvalidResponse:
+        return _try_parse(protocol, agent_name, round, episode_seed, text, datapoint)
+
+    def early(result: ParsedResponse | InvalidResponse) -> bool:
+        return is_early_verdict(protocol, round, episode_seed, result)
+
     candidates = reply_candidates(protocol, agent_name, datapoint)
-    sampling = replace(sampling_params(agent_params, seed), candidates=candidates)
-    texts = await _sample(client, chat, model, n, sampling)
-    results: list[ParsedResponse | InvalidResponse] = [
-        _try_parse(protocol, agent_name, round, episode_seed, text, datapoint) for text in texts
-    ]
+    sample = _Sampler(client, chat, model, agent_params, candidates)
+    texts = await sample(n, seed)
+    results = [parse(text) for text in texts]
     retries = [0] * n
     for attempt in range(1, max_retries + 1):
         pending = [i for i, result in enumerate(results) if isinstance(result, InvalidResponse)]
         if not pending:
             break
-        sampling = replace(
-            sampling_params(agent_params, attempt_seed(seed, attempt)), candidates=candidates
-        )
-        fresh = await _sample(client, chat, model, len(pending), sampling)
+        fresh = await sample(len(pending), attempt_seed(seed, attempt))
         for index, text in zip(pending, fresh, strict=True):
             texts[index] = text
             retries[index] += 1
-            results[index] = _try_parse(protocol, agent_name, round, episode_seed, text, datapoint)
+            results[index] = parse(text)
+    await _replace_early_verdicts(
+        sample, parse, early, seed, early_verdict_retries, texts, results, retries
+    )
     return [_response(texts[i], results[i], retries[i]) for i in range(n)]
+
+
+@dataclass(frozen=True)
+class _Sampler:
+    """One chat's sampling call with its fixed settings; `seed` and `n` vary per attempt."""
+
+    client: ChatClient
+    chat: list[dict]
+    model: str
+    agent_params: PureTextAgentParameters
+    candidates: tuple[str, ...] | None
+
+    async def __call__(self, n: int, seed: int) -> list[str]:
+        sampling = replace(sampling_params(self.agent_params, seed), candidates=self.candidates)
+        return await _sample(self.client, self.chat, self.model, n, sampling)
+
+
+async def _replace_early_verdicts(
+    sample: _Sampler,
+    parse: Callable[[str], ParsedResponse | InvalidResponse],
+    early: Callable[[ParsedResponse | InvalidResponse], bool],
+    seed: int,
+    attempts: int,
+    texts: list[str],
+    results: list[ParsedResponse | InvalidResponse],
+    retries: list[int],
+) -> None:
+    """Re-sample the early verdicts among `results` in place, up to `attempts` times each: the
+    first fresh sample that parses and is no early verdict replaces it."""
+    for attempt in range(1, attempts + 1):
+        pending = [i for i, result in enumerate(results) if early(result)]
+        if not pending:
+            return
+        fresh = await sample(
+            len(pending), stable_int("early-verdict-retry", seed, attempt, bits=31)
+        )
+        for index, text in zip(pending, fresh, strict=True):
+            retries[index] += 1
+            result = parse(text)
+            if isinstance(result, ParsedResponse) and not early(result):
+                texts[index], results[index] = text, result
+
+
+def is_early_verdict(
+    protocol: Protocol, round: int, episode_seed: int, result: ParsedResponse | InvalidResponse
+) -> bool:
+    """Whether a parsed move is a verdict given in a round where the verifier may not decide
+    (possible only under `early_decision_ends_episode`, which then ends the episode)."""
+    return (
+        isinstance(result, ParsedResponse)
+        and result.decision is not None
+        and not verifier_can_decide(protocol, round, episode_seed)
+    )
 
 
 def _response(text: str, result: ParsedResponse | InvalidResponse, retries: int) -> AgentResponse:

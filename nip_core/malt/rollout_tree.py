@@ -48,6 +48,7 @@ class RolloutSettings:
     run_seed: int
     iteration: int
     max_concurrent_requests: int = 32
+    early_verdict_retries: int = 0
 
 
 @dataclass
@@ -154,6 +155,7 @@ async def _node_children(
                 item.episode_seed,
                 call_seed(settings.run_seed, settings.iteration, node.node_id, agent),
                 datapoint=item.datapoint,
+                early_verdict_retries=settings.early_verdict_retries,
             )
         if progress is not None:
             progress(round_, 0, 1)

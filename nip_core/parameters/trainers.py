@@ -124,6 +124,13 @@ class PureTextMaltParameters(BaseParameters):
     each agent's own (None); evaluations and the switch guard keep the agent's. A pair needs
     both outcomes among a parent's K samples: a model sure of its answer gives none, wrong or
     right, and a hotter draw reaches the questions it is wrongly sure of.
+
+    `rollout_early_verdict_retries` (ours; needs `early_decision_ends_episode`) re-samples, in
+    training rollouts only, a verifier's verdict given before it may decide, up to that many
+    times, keeping the first sample that is a move and no verdict. A verifier that judges some
+    code at once then still reaches the rounds where a verdict counts on it, so label pairs and
+    their first-turn counterparts exist for that code too. Evaluations and the guard keep every
+    early verdict as drawn.
     """
 
     num_responses_per_timestep: int = 2
@@ -141,6 +148,7 @@ class PureTextMaltParameters(BaseParameters):
     training_objective: Literal["dpo", "kto"] = "dpo"
     kto_rows_per_parent: int = 2
     rollout_temperature: float | None = None
+    rollout_early_verdict_retries: int = 0
 
     @property
     def trains_on_sampled_verifier_pairs(self) -> bool:

@@ -148,6 +148,10 @@ def _malt_rules(p: Any) -> None:
     )
     if p.rollout_temperature is not None:  # the OpenAI API's and our server's range
         _in_range(type(p).__name__, "rollout_temperature", p.rollout_temperature, 0.0, 2.0)
+    _require(
+        p.rollout_early_verdict_retries >= 0,
+        f"{type(p).__name__}.rollout_early_verdict_retries: must be >= 0",
+    )
 
 
 @rule("PureTextEiParameters")
@@ -239,6 +243,13 @@ def check_across_sections(p: Any) -> None:
     """The rules that span sections, checked once all of them are set (`_SETTING_SEVERAL`)."""
     check_training_signal(p)
     check_training_objective(p)
+    _require(
+        p.pure_text_malt.rollout_early_verdict_retries == 0
+        or p.protocol_common.early_decision_ends_episode,
+        "HyperParameters: pure_text_malt.rollout_early_verdict_retries re-samples verdicts given "
+        "too early, which only protocol_common.early_decision_ends_episode=true lets a verifier "
+        "give",
+    )
 
 
 def check_training_signal(p: Any) -> None:

@@ -117,12 +117,13 @@ def rollout_settings(context: IterationContext, clients: dict[str, object]) -> R
         run_seed=hp.seed,
         iteration=context.iteration,
         max_concurrent_requests=hp.text_rl.max_concurrent_requests,
+        early_verdict_retries=hp.pure_text_malt.rollout_early_verdict_retries,
     )
 
 
 def evaluation_settings(context: IterationContext, clients: dict, split: str) -> RolloutSettings:
-    """Training's settings with one response per turn, the agents' own sampling settings and
-    evaluation-specific call seeds.
+    """Training's settings with one response per turn, the agents' own sampling settings, every
+    early verdict kept as drawn, and evaluation-specific call seeds.
 
     Call seeds ignore the iteration (common random numbers): every evaluation of a run asks each
     prompt with the same seed, so a model that did not change answers exactly as before, and
@@ -134,6 +135,7 @@ def evaluation_settings(context: IterationContext, clients: dict, split: str) ->
         num_responses_per_timestep=1,
         run_seed=evaluation_seed(context.hyper_params.seed, split),
         iteration=0,
+        early_verdict_retries=0,
     )
 
 
