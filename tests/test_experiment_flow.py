@@ -334,3 +334,32 @@ def test_arms_that_sample_alike_draw_their_first_rollouts_once(prefect_harness, 
     assert cooler["replayed_calls"] == 0 and cooler_calls == malt_calls
     for arm in arms:
         assert rollouts(arm, 1)[0]["replayed_calls"] == 0
+
+
+def test_the_controls_pairs_agree_with_the_truth_as_often_as_they_disagree(
+    prefect_harness, tmp_path
+):
+    """With pairs balanced by label, the shuffled-label control's verifier pairs fall as many
+    into each (shown label, true label) cell: the labels it trains on carry nothing of the
+    truth. The truth is read from `malt`, which samples the same trees on unshuffled labels."""
+    config = dict(
+        CONFIG,
+        rl={"rollouts_per_iteration": 24},
+        pure_text_malt={"num_responses_per_timestep": 4, "balance_verifier_by_label": True},
+        experiment=dict(
+            CONFIG["experiment"], iterations=1, arms={"malt": {}, "shuffled_labels": {}}
+        ),
+    )
+    args = ["--config", write_config(tmp_path, config), "--artifacts-root", str(tmp_path)]
+    assert experiment_main([*args, "--run-name", "cells", "--no-wandb"]) == 0
+    arms = tmp_path / "cells" / "seeds" / "11" / "arms"
+    truth = pd.read_parquet(arms / "malt" / "iterations" / "0000" / "nodes.parquet")
+    control = arms / "shuffled_labels" / "iterations" / "0000"
+    shown = pd.read_parquet(control / "nodes.parquet")
+    assert (shown["node_id"] == truth["node_id"]).all()
+    assert (shown["y"] != truth["y"]).any(), "the control's labels are shuffled"
+    pairs = pd.read_parquet(control / "pairs.parquet")
+    parents = pairs.loc[pairs.agent == "verifier", "parent_node_id"]
+    cells = parents.map(dict(zip(shown.node_id, zip(shown.y, truth.y, strict=True), strict=True)))
+    counts = cells.value_counts()
+    assert len(counts) == 4 and counts.nunique() == 1, counts.to_dict()

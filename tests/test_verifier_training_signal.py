@@ -170,6 +170,41 @@ def test_label_balance_keeps_as_many_pairs_per_label_counted_by_hand():
     assert none.tolist() == [False, False, True]
 
 
+def test_the_controls_pairs_agree_with_the_truth_as_often_as_they_disagree():
+    """The shuffled-label control keeps as many pairs in each (shown label, true label) cell as
+    in the rarest: counted by hand, 3 agreeing and 5 disagreeing pairs become 2 and 2."""
+    # parent p<i> on datapoint d<i>; shown labels y and the labels before the shuffle
+    shown = [1, 1, 1, 0, 0, 0, 1, 0]
+    truth = {"d0": 1, "d1": 0, "d2": 0, "d3": 0, "d4": 1, "d5": 1, "d6": 0, "d7": 0}
+    nodes = pa.table(
+        {
+            "node_id": [f"p{i}" for i in range(8)] + ["q"],
+            "datapoint_id": [f"d{i}" for i in range(8)] + ["d0"],
+            "y": [*shown, 1],
+        }
+    )
+    pairs = pa.table(
+        {
+            "agent": ["verifier"] * 8 + ["prover"],
+            "parent_node_id": [f"p{i}" for i in range(8)] + ["q"],
+        }
+    )
+    kept = balance_pairs_by_label(pairs, nodes, "verifier", seed=2, true_labels=truth)
+    parents = [p for p in kept.column("parent_node_id").to_pylist() if p != "q"]
+    assert "q" in kept.column("parent_node_id").to_pylist()
+    cells = [(shown[int(p[1])], truth[f"d{p[1]}"]) for p in parents]
+    assert sorted(cells) == [(0, 0), (0, 1), (1, 0), (1, 1)], "one in each cell: the rarest has 1"
+    # the shown labels alone balance 4 against 4 and keep the disagreeing majority
+    plain = balance_pairs_by_label(pairs, nodes, "verifier", seed=2)
+    assert plain.num_rows == 9
+    # a cell with no pair: none of the verifier's pairs is kept
+    one_sided = {**truth, "d0": 0}  # no pair shows 1 on truly correct code
+    kept = balance_pairs_by_label(pairs, nodes, "verifier", seed=2, true_labels=one_sided)
+    assert kept.column("parent_node_id").to_pylist() == ["q"]
+    with pytest.raises(ValueError, match="no label before the shuffle for datapoints"):
+        balance_pairs_by_label(pairs, nodes, "verifier", seed=2, true_labels={"d0": 1})
+
+
 def _verdict_tree(decisions: dict[str, list[int | None]]) -> pa.Table:
     """Nodes of parents p<y><i> (label y), each with its leaves' verdicts (None: no verdict)."""
     rows = []

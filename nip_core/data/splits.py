@@ -17,6 +17,7 @@ import pandas as pd
 from nip_core.data import load_for_parameters
 from nip_core.data.pairwise import pairwise_frame, shows_pairs
 from nip_core.data.stable import stable_fraction, stable_seed
+from nip_core.parameters.loading import apply_overrides
 
 SPLITS: tuple[str, ...] = ("test", "train", "validation")
 
@@ -61,6 +62,13 @@ def load_split(hp, split: str) -> pd.DataFrame:
     if split == "train" and hp.text_rl.shuffle_training_labels:
         frame = shuffled_labels(frame, hp.seed)
     return frame
+
+
+def true_training_labels(hp) -> dict[object, int]:
+    """Each train row's own label (`id` -> `y`) before the control's shuffle: the control's
+    pairs are balanced on it (`nip_core.malt.tree_values.balance_pairs_by_label`)."""
+    frame = load_split(apply_overrides(hp, ["text_rl.shuffle_training_labels=false"]), "train")
+    return dict(zip(frame["id"].tolist(), frame["y"].astype(int).tolist(), strict=True))
 
 
 def shuffled_labels(frame: pd.DataFrame, seed: int) -> pd.DataFrame:

@@ -14,6 +14,7 @@ import pyarrow as pa
 from nip_core.malt import dataset_export as export
 from nip_core.malt import verifier_rows
 from nip_core.malt.group_relative import marked_replies_table
+from nip_core.malt.pairs_stage import control_true_labels
 from nip_core.malt.rollout_tree import batch_items
 from nip_core.malt.tree_values import balance_pairs_by_label
 from nip_core.run.artifacts import RunPaths, jsonl_bytes, read_parquet, write_bytes, write_parquet
@@ -81,7 +82,8 @@ def group_marked_replies(
         return table
     seed = stable_int("kto-balance", hp.seed, it)
     verifier, spare = context.protocol.verifier_name, malt.balance_spares_settled_labels
-    return balance_pairs_by_label(table, nodes, verifier, seed, spare_settled=spare)
+    truth = control_true_labels(hp)
+    return balance_pairs_by_label(table, nodes, verifier, seed, spare, true_labels=truth)
 
 
 def export_datasets(

@@ -1,8 +1,10 @@
 """Stage `pairs`: preference pairs per (parent node, agent) (`pairs.parquet`), from the nodes
-and their expected rewards; the verifier's balanced by label when the configuration says so."""
+and their expected rewards; the verifier's balanced by label when the configuration says so
+(the shuffled-label control's by shown and true label)."""
 
 from __future__ import annotations
 
+from nip_core.data.splits import true_training_labels
 from nip_core.malt.tree_values import balance_pairs_by_label, pairs_table
 from nip_core.run.artifacts import RunPaths, read_parquet, write_parquet
 from nip_core.run.iteration_context import IterationContext
@@ -40,8 +42,15 @@ def write_pairs(paths: RunPaths, context: IterationContext, nodes: str, rewards:
                 context.protocol.verifier_name,
                 seed=stable_int("pair-balance", seed, it),
                 spare_settled=malt.balance_spares_settled_labels,
+                true_labels=control_true_labels(context.hyper_params),
             )
         return {PAIRS_FILE: write_parquet(paths.fs, out, table)}, {"pairs": table.num_rows}
 
     run_stage(paths, context, "pairs", compute)
     return out
+
+
+def control_true_labels(hp) -> dict[object, int] | None:
+    """The shuffled-label control's labels before the shuffle (its pairs are balanced on them
+    too); None for every other run."""
+    return true_training_labels(hp) if hp.text_rl.shuffle_training_labels else None

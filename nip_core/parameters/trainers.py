@@ -45,7 +45,9 @@ class TextRlParameters(BaseParameters):
     the validation split, whose share of either label varies: 11 of 16 correct ones judged a
     model that leans to "reject" worse than the base on one test seed).
     `shuffle_training_labels` permutes the labels of the train split (never validation or test)
-    before anything trains: the control arm that must land at chance. All of these are ours, not
+    before anything trains: the control arm that must land at chance. With
+    `balance_verifier_by_label` its verifier pairs are balanced by shown and true label, so as
+    many agree with the truth as disagree (a permutation alone does not ensure it). All of these are ours, not
     nip's.
     """
 
