@@ -73,8 +73,14 @@ def test_batch_limits_come_from_the_device_or_the_command_line():
     sequences, tokens = device_limits("cuda", per_token, free_bytes=40 * 2**30)
     assert sequences >= 256 and tokens == 20 * 2**30 // per_token
     args = _parse(["--hf-max-batch-sequences", "256", "--hf-max-batch-tokens", "500000"])
-    assert hf_options(args) == {"max_sequences": 256, "max_batch_tokens": 500_000}
-    assert hf_options(_parse([])) == {"max_sequences": None, "max_batch_tokens": None}
+    assert hf_options(args) == {
+        "max_sequences": 256,
+        "max_batch_tokens": 500_000,
+        "cpu_dtype": "auto",
+    }
+    assert hf_options(_parse(["--hf-cpu-dtype", "float32"]))["cpu_dtype"] == "float32"
+    with pytest.raises(SystemExit):
+        _parse(["--hf-cpu-dtype", "float16"])
     with pytest.raises(SystemExit):
         _parse(["--hf-max-batch-tokens", "0"])
 
@@ -82,6 +88,31 @@ def test_batch_limits_come_from_the_device_or_the_command_line():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("batching") / "tiny")
+
+
+async def _loaded_dtype(model_dir, cpu_dtype: str) -> str:
+    from nip_core.lm_server.engines.hf import TransformersEngine
+
+    engine = TransformersEngine(str(model_dir), cpu_dtype=cpu_dtype)
+    await engine.start()
+    try:
+        return str(engine.base.dtype)
+    finally:
+        await engine.stop()
+
+
+def test_on_cpu_the_engine_computes_in_bf16_only_where_the_cpu_has_it(tiny, monkeypatch):
+    from nip_core.lm_server.engines import hf
+
+    monkeypatch.setattr(hf, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    assert hf.TransformersEngine(str(tiny)).cpu_dtype == "float32"
+    monkeypatch.setattr(hf, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
+    assert hf.TransformersEngine(str(tiny)).cpu_dtype == "bfloat16"
+    assert hf.TransformersEngine(str(tiny), cpu_dtype="float32").cpu_dtype == "float32"
+    with pytest.raises(ValueError, match="cpu_dtype"):
+        hf.TransformersEngine(str(tiny), cpu_dtype="half")
+    assert asyncio.run(_loaded_dtype(tiny, "bfloat16")) == "torch.bfloat16"
+    assert asyncio.run(_loaded_dtype(tiny, "float32")) == "torch.float32"
 
 
 def _request(model, content: str, seed: int | None, n: int = 1, **sampling) -> ChatRequest:

