@@ -102,11 +102,12 @@ async def _loaded_dtype(model_dir, cpu_dtype: str) -> str:
 
 
 def test_on_cpu_the_engine_computes_in_bf16_only_where_the_cpu_has_it(tiny, monkeypatch):
+    from nip_core.lm_server import hardware
     from nip_core.lm_server.engines import hf
 
-    monkeypatch.setattr(hf, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
     assert hf.TransformersEngine(str(tiny)).cpu_dtype == "float32"
-    monkeypatch.setattr(hf, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
     assert hf.TransformersEngine(str(tiny)).cpu_dtype == "bfloat16"
     assert hf.TransformersEngine(str(tiny), cpu_dtype="float32").cpu_dtype == "float32"
     with pytest.raises(ValueError, match="cpu_dtype"):

@@ -51,27 +51,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     _add_vllm_arguments(parser)
     _add_vllm_cpu_arguments(parser)
-    hf = parser.add_argument_group("transformers engine")
-    hf.add_argument(
-        "--hf-max-batch-sequences",
-        type=_positive,
-        default=None,
-        help="sequences decoding together at most (default: 64 on CPU, 512 on CUDA)",
-    )
-    hf.add_argument(
-        "--hf-max-batch-tokens",
-        type=_positive,
-        default=None,
-        help="a batch's sequences x (cache width + new tokens still to come) at most, which "
-        "bounds the KV cache (default: 16,384 on CPU; on CUDA half the free memory after "
-        "loading over the model's KV bytes per token)",
-    )
-    hf.add_argument(
-        "--hf-cpu-dtype",
-        choices=CPU_DTYPES,
-        default="auto",
-        help="CPU: the model's dtype (auto: bf16 where the CPU computes it natively, else fp32)",
-    )
+    _add_hf_arguments(parser)
     parser.add_argument(
         "--allow-adapters-anywhere",
         action="store_true",
@@ -95,6 +75,31 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "again from the start before it fails",
     )
     return parser.parse_args(argv)
+
+
+def _add_hf_arguments(parser: argparse.ArgumentParser) -> None:
+    """The transformers engine's batch limits and dtype on CPU."""
+    hf = parser.add_argument_group("transformers engine")
+    hf.add_argument(
+        "--hf-max-batch-sequences",
+        type=_positive,
+        default=None,
+        help="sequences decoding together at most (default: 64 on CPU, 512 on CUDA)",
+    )
+    hf.add_argument(
+        "--hf-max-batch-tokens",
+        type=_positive,
+        default=None,
+        help="a batch's sequences x (cache width + new tokens still to come) at most, which "
+        "bounds the KV cache (default: 16,384 on CPU; on CUDA half the free memory after "
+        "loading over the model's KV bytes per token)",
+    )
+    hf.add_argument(
+        "--hf-cpu-dtype",
+        choices=CPU_DTYPES,
+        default="auto",
+        help="CPU: the model's dtype (auto: bf16 where the CPU computes it natively, else fp32)",
+    )
 
 
 def _positive(text: str) -> int:

@@ -33,3 +33,10 @@ def cpu_serving_dtype(flags: frozenset[str]) -> str:
     AVX-512 BF16, bf16 generated 131 tokens/s against fp32's 49, and the transformers engine's
     model sampled 4 x 32 tokens after ~300-token prompts in 3.3 s against fp32's 6.4."""
     return "bfloat16" if flags & NATIVE_BF16_FLAGS else "float32"
+
+
+def resolved_cpu_dtype(option: str) -> str:
+    """The dtype to compute in on CPU: `option`, where "auto" is `cpu_serving_dtype`'s choice."""
+    if option not in CPU_DTYPES:
+        raise ValueError(f"cpu_dtype must be one of {CPU_DTYPES}, got {option!r}")
+    return cpu_serving_dtype(cpu_flags()) if option == "auto" else option

@@ -37,7 +37,7 @@ from nip_core.lm_server.engines.hf_batching import (
     settle,
     stop_ids,
 )
-from nip_core.lm_server.hardware import CPU_DTYPES, cpu_flags, cpu_serving_dtype
+from nip_core.lm_server.hardware import resolved_cpu_dtype
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +57,9 @@ class TransformersEngine:
         cpu_dtype: str = "auto",
         **_: Any,
     ) -> None:
-        if cpu_dtype not in CPU_DTYPES:
-            raise ValueError(f"cpu_dtype must be one of {CPU_DTYPES}, got {cpu_dtype!r}")
         self.model_name = model
-        # On CPU: "auto" is bf16 where the CPU multiplies it natively, else fp32 (as vLLM's).
-        self.cpu_dtype = cpu_serving_dtype(cpu_flags()) if cpu_dtype == "auto" else cpu_dtype
-        # Batch limits: None until the model is loaded, then derived from the device
-        # (`device_limits`) unless given here (the server's --hf-max-batch-* flags).
+        self.cpu_dtype = resolved_cpu_dtype(cpu_dtype)  # bf16 where native, else fp32
+        # Batch limits: derived from the device on load (`device_limits`) unless given here.
         self.limits_given = (max_sequences, max_batch_tokens)
         self.max_sequences = max_sequences or 0
         self.max_batch_tokens = max_batch_tokens or 0
