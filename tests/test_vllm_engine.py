@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from nip_core.lm_server import hardware
 from nip_core.lm_server.engines import ChatRequest, make_engine
 from nip_core.lm_server.engines.base import AdapterError
 from nip_core.lm_server.engines.vllm import (
@@ -35,14 +36,9 @@ from nip_core.lm_server.engines.vllm import (
     vllm_command,
     vllm_env,
 )
-from nip_core.lm_server.engines.vllm import config as config_module
-from nip_core.lm_server.engines.vllm.config import (
-    API_SERVER_MODULE,
-    cpu_flags,
-    cpu_serving_dtype,
-    vllm_venv,
-)
+from nip_core.lm_server.engines.vllm.config import API_SERVER_MODULE, vllm_venv
 from nip_core.lm_server.engines.vllm.engine import serve_config
+from nip_core.lm_server.hardware import cpu_flags, cpu_serving_dtype
 
 FAKE_VLLM = Path(__file__).with_name("vllm_fake_server.py")
 
@@ -311,7 +307,7 @@ def test_cpu_dtype_is_bf16_only_where_the_cpu_computes_it(tmp_path, monkeypatch)
     assert cpu_serving_dtype(frozenset()) == "float32"
     # `auto` is resolved once, from this machine's flags; the command line says it.
     for machine, dtype in (("avx2", "float32"), ("zen4", "bfloat16")):
-        monkeypatch.setattr(config_module, "cpu_flags", lambda m=machine: flags[m])
+        monkeypatch.setattr(hardware, "cpu_flags", lambda m=machine: flags[m])
         config = VllmServeConfig("/m", device="cpu")
         assert config.cpu_dtype == dtype
         cmd = vllm_command(config)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nip_core.lm_server.engines.base import AdapterError
-from nip_core.lm_server.hardware import CPU_DTYPES, cpu_flags, cpu_serving_dtype
+from nip_core.lm_server.hardware import resolved_cpu_dtype
 
 ALLOWED_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # Flags the engine sets itself; passing them again in `extra_args` would silently conflict.
@@ -77,7 +77,7 @@ class VllmServeConfig:
     cache of `cpu_kv_cache_bytes`, batches of at most `cpu_max_num_batched_tokens` tokens and at
     most `cpu_max_num_seqs` sequences running at once, in KV blocks of `cpu_block_size` tokens,
     computing in `cpu_dtype` (`auto`: bf16 where this CPU has native bf16, else fp32; see
-    `cpu_serving_dtype`).
+    `hardware.cpu_serving_dtype`).
     `weight_reload` serves the routes that load another checkpoint's weights in place.
     """
 
@@ -147,8 +147,6 @@ class VllmServeConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gmu!r}")
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
-        if self.cpu_dtype not in CPU_DTYPES:
-            raise ValueError(f"cpu_dtype must be one of {CPU_DTYPES}, got {self.cpu_dtype!r}")
         quant = None if self.quantization in (None, "", "none") else self.quantization
         extra = tuple(self.extra_args)
         _check_extra_args(extra)
@@ -158,8 +156,7 @@ class VllmServeConfig:
         object.__setattr__(self, "quantization", quant)
         object.__setattr__(self, "extra_args", extra)
         object.__setattr__(self, "launcher", tuple(self.launcher))
-        if self.cpu_dtype == "auto":
-            object.__setattr__(self, "cpu_dtype", cpu_serving_dtype(cpu_flags()))
+        object.__setattr__(self, "cpu_dtype", resolved_cpu_dtype(self.cpu_dtype))
 
     @property
     def base_url(self) -> str:
