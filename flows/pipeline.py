@@ -10,9 +10,11 @@ Prefect subflow, so a multi-iteration run shows one flow run per iteration in th
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from prefect import flow
+from prefect.futures import PrefectFuture
 
 from flows.cli import OpenRun, make_task_runner
 from nip_core.malt.evaluation import format_metrics, should_evaluate
@@ -32,7 +34,9 @@ from tasks.publish_summary import publish_summary_task
 from tasks.rewards import estimate_rewards_task
 from tasks.rollouts import generate_rollouts_task, grow_shard_task
 from tasks.summary import summarise_iteration_task
-from tasks.switch_guard import switch_guard_task
+from tasks.switch_guard import score_previous_models_task, switch_guard_task
+
+log = logging.getLogger(__name__)
 
 
 def run_iteration_stages(
@@ -45,6 +49,9 @@ def run_iteration_stages(
     lock, and the self-hosted server when the run needs one). `distributed`: grow the rollout
     shards as tasks of the flow's task runner (Dask, Ray) first."""
     batch = select_batch_task(paths, context)
+    # The guard's scoring of the models this iteration starts from, played while the rollouts
+    # ask the same models (the server batches both): the guard then replays it.
+    previous_scoring = score_previous_models_task.submit(paths, context)
     if distributed:
         grow_shards_on_task_runner(paths, context, batch)
     nodes = generate_rollouts_task(paths, context, batch)
@@ -63,9 +70,22 @@ def run_iteration_stages(
     )
     jobs = fine_tune_task(paths, context, datasets, earlier)
     candidates = switch_model_task(paths, context, jobs)
+    await_previous_scoring(previous_scoring)
     stats["models_after"] = switch_guard_task(paths, context, candidates)
     publish_summary_task(paths, context, stats)
     return stats
+
+
+def await_previous_scoring(future: PrefectFuture) -> None:
+    """Wait for the guard's scoring played ahead; where it failed, say so: the guard plays the
+    calls its journal lacks itself."""
+    future.wait()
+    if future.state.is_failed():
+        log.warning(
+            "the switch guard's scoring of the previous models, played beside the rollouts, "
+            "failed (%s): the guard plays it itself",
+            future.state.message,
+        )
 
 
 def evaluate_shards_on_task_runner(

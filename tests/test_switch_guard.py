@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 import nip_core.training.switch_guard_stage as guard_stage
+from flows.cli import open_run, resolve_hyper_params
 from flows.malt_iteration import malt_iteration
 from flows.malt_run import malt_run
 from nip_core.parameters import load_hyper_params
@@ -75,7 +76,9 @@ def test_guard_keeps_or_switches_and_records_both_scores(
     kept = entry["previous_model"] if expected == KEPT_PREVIOUS else entry["new_model"]
     assert stats["models_after"]["verifier"] == kept
     assert manifest(tmp_path, "g")["models_after"]["verifier"] == kept
-    assert calls == ["previous", "verifier"]
+    # The previous models' scoring is played beside the rollouts, then replayed by the guard.
+    assert calls == ["previous", "previous", "verifier"]
+    assert entry["scored"] == "alone"  # one changed group: scored beside the previous others
 
 
 def test_without_the_guard_the_switch_always_happens(prefect_harness, tmp_path, monkeypatch):
@@ -225,3 +228,101 @@ def test_guard_keeps_the_previous_model_when_the_new_one_always_accepts(
         assert entry["verdict_share"] == 1.0 and entry["max_verdict_share"] == share
         assert (entry["verdict"], entry["reason"]) == (expected, reason)
         assert stats["models_after"]["verifier"] == entry["previous_model"]
+
+
+NIP = [*GUARDED, "interaction_protocol=nip", "text_rl.switch_guard_max_drift=null"]
+
+
+def scores_by_new_groups(verifier_with_both: float, calls: list[str]):
+    """Per agent: the verifier 0.6, 0.7 fine-tuned, `verifier_with_both` when the prover is
+    fine-tuned too; the prover 0.2, 0.4 fine-tuned."""
+
+    def score(paths, context, group_models, label):
+        calls.append(label)
+        new = {g for g, model in group_models.items() if model.startswith("dummy-ft")}
+        verifier = 0.6
+        if "verifier" in new:
+            verifier = verifier_with_both if "prover" in new else 0.7
+        return {"verifier": verifier, "prover": 0.4 if "prover" in new else 0.2}, {}, ([], [])
+
+    return score
+
+
+@pytest.mark.parametrize(
+    ("verifier_with_both", "expected_calls", "verifier_scored"),
+    [
+        (0.7, ["previous", "previous", "together"], "together"),
+        (0.3, ["previous", "previous", "together", "verifier"], "alone"),
+    ],
+)
+def test_two_trained_groups_are_scored_together_and_alone_only_where_that_fails(
+    prefect_harness, tmp_path, monkeypatch, verifier_with_both, expected_calls, verifier_scored
+):
+    """Two scorings decide both groups when their candidates pass together; a group that fails
+    beside the other's candidate is judged alone, beside the other group's previous model."""
+    calls: list[str] = []
+    monkeypatch.setattr(
+        guard_stage, "score_models", scores_by_new_groups(verifier_with_both, calls)
+    )
+    stats = malt_iteration(overrides=NIP, run_name="two", artifacts_root=str(tmp_path))
+    info = manifest(tmp_path, "two")["stages"]["switch_guard"]["info"]
+    assert set(info) == {"prover", "verifier"}, "both groups must be fine-tuned for this test"
+    assert calls == expected_calls
+    assert (info["prover"]["scored"], info["prover"]["new_score"]) == ("together", 0.4)
+    assert (info["verifier"]["scored"], info["verifier"]["new_score"]) == (verifier_scored, 0.7)
+    for group in ("prover", "verifier"):
+        assert info[group]["verdict"] == SWITCHED
+        assert stats["models_after"][group] == info[group]["new_model"]
+
+
+def test_two_trained_groups_play_real_episodes_together(prefect_harness, tmp_path):
+    malt_iteration(overrides=NIP, run_name="real2", artifacts_root=str(tmp_path))
+    it = tmp_path / "real2" / "iterations" / "0000"
+    info = manifest(tmp_path, "real2")["stages"]["switch_guard"]["info"]
+    assert set(info) == {"prover", "verifier"}
+    assert (it / "guard-together.parquet").exists()
+    together = pd.read_parquet(it / "guard-together.parquet")
+    assert len(together) == 6
+    for group, entry in info.items():
+        alone = it / f"guard-{group}.parquet"
+        assert alone.exists() == (entry["scored"] == "alone"), group
+
+
+def test_the_previous_scoring_played_ahead_leaves_the_guard_nothing_to_ask(
+    prefect_harness, tmp_path
+):
+    """`score_previous_models` (run beside the rollouts) journals the previous models' scoring:
+    the guard's own scoring of them then makes no model call. Here on a finished iteration with
+    the guard's calls and manifest entry removed, as if the guard had not run yet."""
+    from nip_core.agents.dummy_client import DummyChatClient
+
+    malt_iteration(overrides=GUARDED, run_name="ahead", artifacts_root=str(tmp_path))
+    it = tmp_path / "ahead" / "iterations" / "0000"
+    for journal in it.glob("guard-calls-*.jsonl"):
+        journal.unlink()
+    entries = json.loads((it / "manifest.json").read_text())
+    del entries["stages"]["switch_guard"]
+    (it / "manifest.json").write_text(json.dumps(entries))
+    asked: list[str] = []
+    plain = DummyChatClient.complete
+
+    async def complete(self, messages, model, n, sampling):
+        asked.append(model)
+        return await plain(self, messages, model, n, sampling)
+
+    hp = resolve_hyper_params(None, GUARDED)
+    with open_run(hp, str(tmp_path), "ahead") as run, pytest.MonkeyPatch.context() as patch:
+        context = run.context(0)
+        patch.setattr(DummyChatClient, "complete", complete)
+        assert guard_stage.score_previous_models(run.paths, context) is True
+        played = len(asked)
+        guard_stage.score_models(run.paths, context, dict(context.group_models), "previous")
+    assert played > 0 and len(asked) == played
+
+
+def test_nothing_is_played_ahead_of_a_guard_that_is_off_or_done(prefect_harness, tmp_path):
+    for run_name, overrides in [("off", BASE), ("done", GUARDED)]:
+        malt_iteration(overrides=overrides, run_name=run_name, artifacts_root=str(tmp_path))
+        hp = resolve_hyper_params(None, overrides)
+        with open_run(hp, str(tmp_path), run_name) as run:
+            assert guard_stage.score_previous_models(run.paths, run.context(0)) is False

@@ -2,15 +2,23 @@
 
 Runs after the switch stage; with `text_rl.switch_guard` off it passes the new models through.
 Each scoring is an evaluation on the first `text_rl.switch_guard_episodes` validation episodes
-(one sample per turn, the same datapoints and call seeds for both models), written to
-`guard-<label>.parquet`. All scorings share one call journal (`guard-calls-*.jsonl`): an
-interrupted guard replays its finished calls, and calls of agents whose model is unchanged are
-made once. The guard also replays earlier iterations' journals, so its previous model, which
-the guard before scored as the new one (or kept), is not asked again. With a self-hosted group and `text_rl.switch_guard_max_drift` set, the previous model
-then scores both models' replies (`/v1/chat/score`) to catch a wreck the reward misses, where
-the reward and verdict-share checks alone would let the new model in. The
-manifest stage `switch_guard` records both scores, the margin, the drift and the verdict with
-its reason per group; the pure rules live in `nip_core.training.switch_guard`.
+(one sample per turn, the same datapoints and call seeds for every scoring), written to
+`guard-<label>.parquet`. Two scorings decide the common case, whatever the number of groups
+trained: the previous models, and every changed group's candidate together (`together`, the
+models the next iteration would play with). Only a group that fails there is scored alone, its
+candidate beside the other groups' previous models (`guard-<group>.parquet`), and judged on that.
+
+All scorings share one call journal (`guard-calls-*.jsonl`): an interrupted guard replays its
+finished calls, and calls of agents whose model is unchanged are made once. The guard also
+replays earlier iterations' journals, so its previous model, which the guard before scored as
+the new one (or kept), is not asked again; and `score_previous_models` plays the previous
+models' scoring while the iteration's rollouts run (their requests share the server's batches),
+so in a first iteration too the guard replays it. With a self-hosted group and
+`text_rl.switch_guard_max_drift` set, the previous model then scores both models' replies
+(`/v1/chat/score`) to catch a wreck the reward misses, where the reward and verdict-share checks
+alone would let the new model in. The manifest stage `switch_guard` records both scores, the
+margin, the drift, the verdict with its reason and which scoring decided it per group; the pure
+rules live in `nip_core.training.switch_guard`.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from nip_core.play.episodes import evaluation_settings, journaled_clients, play
 from nip_core.run.artifacts import RunPaths, write_parquet
 from nip_core.run.iteration_context import IterationContext, with_group_models
 from nip_core.run.iteration_files import GUARD_STEM, guard_file
-from nip_core.run.stages import record_models_after, run_stage
+from nip_core.run.stages import finished_stage, record_models_after, run_stage
 from nip_core.training.switch_guard import (
     SWITCHED,
     drift,
@@ -47,11 +55,16 @@ log = logging.getLogger(__name__)
 
 
 Replies = dict[str, list[list[dict]]]  # agent -> each episode's chat ending with its last reply
+# One scoring: mean episode reward per agent, replies, (verifier decisions, labels).
+Scoring = tuple[dict[str, float | None], Replies, tuple[list, list]]
+PREVIOUS = "previous"  # the scoring of the models the iteration started from
+TOGETHER = "together"  # every changed group's candidate in one scoring
+ALONE = "alone"  # one group's candidate beside the other groups' previous models
 
 
 def score_models(
     paths: RunPaths, context: IterationContext, group_models: dict[str, str], label: str
-) -> tuple[dict[str, float | None], Replies, tuple[list, list]]:
+) -> Scoring:
     """Mean episode reward per agent when the groups use `group_models` (validation episodes),
     each agent's replies, and the episodes' (verifier decisions, labels)."""
     hp = context.hyper_params
@@ -106,22 +119,21 @@ def validation_available(context: IterationContext) -> bool:
 
 
 def group_report(
-    paths: RunPaths,
     context: IterationContext,
     group: str,
     candidate: str,
-    previous: tuple[dict[str, float | None], Replies, tuple[list, list]],
+    previous: Scoring,
+    trial: Scoring,
 ) -> dict:
-    """Score the group's candidate against the previous models; the manifest entry."""
+    """The manifest entry of the group's candidate: its scoring `trial` against `previous`."""
     text_rl = context.hyper_params.text_rl
-    models = dict(context.group_models) | {group: candidate}
-    trial, trial_replies, (decisions, labels) = score_models(paths, context, models, group)
+    trial_scores, trial_replies, (decisions, labels) = trial
     agents = context.groups[group]
     max_share = text_rl.switch_guard_max_verdict_share
     share = None
     if max_share is not None and context.protocol.verifier_name in agents:
         share = verdict_share(decisions, labels, max_share)
-    old, new = group_score(previous[0], agents), group_score(trial, agents)
+    old, new = group_score(previous[0], agents), group_score(trial_scores, agents)
     margin = text_rl.switch_guard_margin
     decided, reason = guard_verdict(old, new, margin, share=share, max_share=max_share)
     own, moved = None, None
@@ -152,6 +164,50 @@ def group_report(
     }
 
 
+def candidate_reports(
+    paths: RunPaths,
+    context: IterationContext,
+    candidates: dict[str, str],
+    changed: list[str],
+    previous: Scoring,
+) -> dict[str, dict]:
+    """Each changed group's manifest entry. With several, their candidates play together first
+    (one scoring, whatever the number of groups); a group that fails there is scored alone,
+    beside the other groups' previous models, as a single changed group always is."""
+    models = dict(context.group_models)
+    report: dict[str, dict] = {}
+    if len(changed) > 1:
+        together = models | {g: candidates[g] for g in changed}
+        trial = score_models(paths, context, together, TOGETHER)
+        for group in changed:
+            entry = group_report(context, group, candidates[group], previous, trial)
+            report[group] = entry | {"scored": TOGETHER}
+    for group in changed:
+        if group in report and report[group]["verdict"] == SWITCHED:
+            continue
+        trial = score_models(paths, context, models | {group: candidates[group]}, group)
+        report[group] = group_report(context, group, candidates[group], previous, trial)
+        report[group]["scored"] = ALONE
+    return report
+
+
+def guard_needed(context: IterationContext) -> bool:
+    """Whether this iteration's switch guard may score anything: it is on, a group trains and
+    the validation split has episodes."""
+    text_rl = context.hyper_params.text_rl
+    return bool(text_rl.switch_guard and context.trainable_groups and validation_available(context))
+
+
+def score_previous_models(paths: RunPaths, context: IterationContext) -> bool:
+    """Play the guard's scoring of the previous models ahead of the guard (the flow runs it
+    beside the rollouts, which ask the same models): the guard then replays it from the journal.
+    Writes no manifest entry; False when the guard will not need it."""
+    if not guard_needed(context) or finished_stage(paths, context, "switch_guard") is not None:
+        return False
+    score_models(paths, context, dict(context.group_models), PREVIOUS)
+    return True
+
+
 def guard_switch(
     paths: RunPaths, context: IterationContext, candidates: dict[str, str]
 ) -> dict[str, str]:
@@ -168,19 +224,16 @@ def guard_switch(
         return dict(candidates)
 
     def compute():
-        previous = score_models(paths, context, current, "previous")
-        report = {
-            group: group_report(paths, context, group, candidates[group], previous)
-            for group in changed
-        }
-        return {}, report
+        previous = score_models(paths, context, current, PREVIOUS)
+        return {}, candidate_reports(paths, context, candidates, changed, previous)
 
     report = run_stage(paths, context, "switch_guard", compute)["info"]
     for group, entry in report.items():
         log.warning(
-            "switch guard, group %s: previous model %.3f, new model %.3f (margin %s), "
+            "switch guard, group %s (scored %s): previous model %.3f, new model %.3f (margin %s), "
             "drift %s nats/token (max %s), one verdict's share %s (max %s): %s%s",
             group,
+            entry.get("scored", ALONE),
             entry["previous_score"],
             entry["new_score"],
             entry["margin"],
