@@ -27,14 +27,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from probe_line_choice import Scorer  # noqa: E402  (this folder: the same frozen-model scorer)
 
 from nip_core.agents.prompts import chat_messages  # noqa: E402
 from nip_core.agents.respond import reply_candidates  # noqa: E402
 from nip_core.data import datapoints  # noqa: E402
 from nip_core.data.splits import load_split  # noqa: E402
-from nip_core.lm_server.embedded_model import embedded_model_path  # noqa: E402
 from nip_core.parameters import HyperParameters  # noqa: E402
 from nip_core.parameters.loading import read_params_file  # noqa: E402
 from nip_core.run.iteration_context import build_context  # noqa: E402
@@ -54,22 +52,10 @@ def prompt_forms(system: str) -> dict[str, list[dict]]:
     }
 
 
-class Scorer:
-    def __init__(self, threads: int):
-        torch.set_num_threads(threads)
-        path = embedded_model_path()
-        self.tok = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-
-    @torch.no_grad()
-    def per_token(self, chat: list[dict], reply: str) -> float:
-        """Mean log-probability of `reply` as the assistant's answer to `chat`."""
-        text = self.tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-        prefix = self.tok(text, add_special_tokens=False)["input_ids"]
-        tail = self.tok(reply, add_special_tokens=False)["input_ids"]
-        ids = torch.tensor([prefix + tail])
-        logp = torch.log_softmax(self.model(ids).logits[0, :-1].float(), -1)
-        return float(logp.gather(1, ids[0, 1:, None])[:, 0][len(prefix) - 1 :].mean())
+def per_token(scorer: Scorer, chat: list[dict], reply: str) -> float:
+    """Mean log-probability of `reply` as the assistant's answer to `chat`."""
+    text = scorer.tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    return scorer.continuation(scorer.ids(text), reply)[1]
 
 
 def main() -> None:
@@ -96,7 +82,7 @@ def main() -> None:
             raise SystemExit(f"expected the protocol's chat to be its system prompt alone: {chat}")
         correct, buggy = reply_candidates(protocol, verifier, point)
         for name, form in prompt_forms(chat[0]["content"]).items():
-            good, bad = scorer.per_token(form, correct), scorer.per_token(form, buggy)
+            good, bad = per_token(scorer, form, correct), per_token(scorer, form, buggy)
             wins.setdefault(name, []).append(1.0 if good > bad else 0.5 if good == bad else 0.0)
     result = {
         "split": args.split,
