@@ -186,8 +186,8 @@ def candidate_reports(
         if group in report and report[group]["verdict"] == SWITCHED:
             continue
         trial = score_models(paths, context, models | {group: candidates[group]}, group)
-        report[group] = group_report(context, group, candidates[group], previous, trial)
-        report[group]["scored"] = ALONE
+        entry = group_report(context, group, candidates[group], previous, trial)
+        report[group] = entry | {"scored": ALONE}
     return report
 
 
