@@ -12,6 +12,7 @@ from nip_core.agents.parsing import InvalidResponse, parse_response
 from nip_core.agents.prompts import training_conversation, verdict_reply
 from nip_core.data.pairwise import (
     MISSING_PART_MARKER,
+    NOTHING_HERE,
     disputed_part,
     masked_solution,
     nearer_version,
@@ -37,7 +38,7 @@ def point(correct_first: bool) -> Datapoint:
     return Datapoint(7, "Return the last item.", first, int(correct_first), 1, second)
 
 
-def test_the_disputed_part_spans_every_change_and_is_never_empty():
+def test_the_disputed_part_spans_every_change():
     part = disputed_part(GOOD, BAD)
     assert part == (
         ["def last(xs):", "    n = len(xs)"],
@@ -45,9 +46,15 @@ def test_the_disputed_part_spans_every_change_and_is_never_empty():
         ["    return xs[n]"],
         [],
     )
-    # a deleted line is widened by the shared line before it, so both versions are code
+    # a deleted line is the whole part: no shared neighbour joins it, the other side is empty
     part = disputed_part("a = 1\nb = 2\nc = 3", "a = 1\nc = 3")
-    assert part.first == ["a = 1", "b = 2"] and part.second == ["a = 1"] and part.after == ["c = 3"]
+    assert part == (["a = 1"], ["b = 2"], [], ["c = 3"])
+    assert disputed_part("a = 1\nc = 3", "a = 1\nb = 2\nc = 3") == (
+        ["a = 1"],
+        [],
+        ["b = 2"],
+        ["c = 3"],
+    )
     # two changes make one span from the first to the last
     part = disputed_part("x\ny = 1\nz\nw = 1\nv", "x\ny = 2\nz\nw = 2\nv")
     assert part.first == ["y = 1", "z", "w = 1"] and part.second == ["y = 2", "z", "w = 2"]
@@ -61,6 +68,28 @@ def test_the_masked_solution_shows_neither_version_and_marks_the_gap():
     assert masked == f"def last(xs):\n    n = len(xs)\n    {MISSING_PART_MARKER}"
     assert "xs[n" not in masked
     assert FILL_IN_MARKER == MISSING_PART_MARKER  # the dummy recognises the prompt by it
+
+
+DELETING = "def f(xs):\n    if not xs:\n        return 0\n    return xs[0]\n"
+DELETED = "def f(xs):\n    return xs[0]\n"  # the guard deleted: its twin has nothing there
+
+
+@pytest.mark.parametrize("correct_first", [True, False])
+def test_a_deleted_part_is_written_as_nothing_in_both_orders(correct_first: bool):
+    first, second = (DELETING, DELETED) if correct_first else (DELETED, DELETING)
+    masked = masked_solution(first, second)
+    # the marker stands where the deleted lines were, indented as they are, in either order
+    assert masked == f"def f(xs):\n    {MISSING_PART_MARKER}\n    return xs[0]"
+    datapoint = Datapoint(3, "First item or 0.", first, int(correct_first), 1, second)
+    protocol = make_protocol(hyper(interaction_protocol="fill_in_choice"))
+    guard = "```python\n    if not xs:\n        return 0\n```"
+    nothing = f"```python\n{NOTHING_HERE}\n```"
+    accept, reject = (verdict_reply(protocol, datapoint, v) for v in (ACCEPT, REJECT))
+    assert (accept, reject) == ((guard, nothing) if correct_first else (nothing, guard))
+    # writing the guard back is the right verdict; writing nothing is the buggy twin's
+    for text, right in ((guard, True), ("```python\n(nothing)\n```", False)):
+        parsed = parse_response(protocol, "verifier", 0, 0, text, datapoint)
+        assert parsed.decision == (datapoint.y if right else 1 - datapoint.y)
 
 
 def test_a_writing_counts_for_the_version_it_is_nearer():

@@ -13,7 +13,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from nip_core.data.pairwise import datapoint_disputed_part, nearer_version, writes_disputed_part
+from nip_core.data.pairwise import (
+    datapoint_disputed_part,
+    nearer_version,
+    version_text,
+    writes_disputed_part,
+)
 from nip_core.episode import ACCEPT, REJECT, Datapoint
 from nip_core.protocols import Protocol, active_channels, verifier_can_decide
 
@@ -161,7 +166,7 @@ def written_verdict(text: str, datapoint: Datapoint | None) -> int:
     if datapoint is None:
         raise ValueError("a fill-in verdict needs the datapoint's two solutions")
     part = datapoint_disputed_part(datapoint)
-    verdict = nearer_version(text, "\n".join(part.first), "\n".join(part.second))
+    verdict = nearer_version(text, version_text(part.first), version_text(part.second))
     if verdict is None:
         raise InvalidResponse(
             "the written part is as near to one version of the missing part as to the other; "

@@ -11,7 +11,8 @@ by position scores exactly 0.5, and its accuracy by order shows any position bia
 
 The fill-in protocol uses the same pairs differently: the verifier sees the solution with the
 part where the two differ cut out (`masked_solution`) and writes that part; its verdict is the
-version its writing is nearer (`nearer_version`). Pure.
+version its writing is nearer (`nearer_version`). Where one solution has no lines in that part
+(a deleted or inserted line), its version is written `NOTHING_HERE`. Pure.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from nip_core.episode import Datapoint
 
 PAIRWISE_PROTOCOLS: tuple[str, ...] = ("pairwise", "fill_in", "fill_in_choice")
 PAIR_COLUMNS = ("id", "question", "solution", "other_solution", "y", "prover_stance")
+NOTHING_HERE = "(nothing)"  # how a version with no lines in a changed place is written
 
 
 def shows_pairs(protocol_name: str) -> bool:
@@ -106,17 +108,23 @@ def solution_difference(first: str, second: str) -> str:
     a_lines, b_lines = first.splitlines(), second.splitlines()
     blocks = []
     for a0, a1, b0, b1 in changed_line_blocks(first, second):
-        a_text = "\n".join(a_lines[a0:a1]) or "(nothing)"
-        b_text = "\n".join(b_lines[b0:b1]) or "(nothing)"
+        a_text, b_text = version_text(a_lines[a0:a1]), version_text(b_lines[b0:b1])
         blocks.append(
             f"At line {a0 + 1} of Solution A:\nSolution A has:\n{a_text}\nSolution B has:\n{b_text}"
         )
     return "\n\n".join(blocks) or "(the two solutions are the same)"
 
 
+def version_text(lines: list[str]) -> str:
+    """One version of a changed place as a verifier reads or writes it: its lines, or
+    `NOTHING_HERE` where it has none."""
+    return "\n".join(lines) or NOTHING_HERE
+
+
 class DisputedPart(NamedTuple):
     """Two solutions split where they differ: the lines they share before and after, and the one
-    span of lines between, as each has it (neither empty)."""
+    span of lines between, as each has it (one side empty where a line was deleted or
+    inserted, never both)."""
 
     before: list[str]
     first: list[str]
@@ -125,22 +133,18 @@ class DisputedPart(NamedTuple):
 
 
 def disputed_part(first: str, second: str) -> DisputedPart:
-    """The smallest span of lines covering every place two solutions differ, widened by a shared
-    line where one of them has nothing there (an inserted or deleted line), so each version of
-    the span is code a verifier can write. Raises ValueError for identical solutions."""
+    """The smallest span of lines covering every place two solutions differ. A deleted line is
+    not widened by a shared neighbour: the 135M model then preferred the shared line alone to
+    the shared line plus the deleted one per token, and lost both line-deleting test bugs of the
+    medium grade that it ranks right as the deleted line against `NOTHING_HERE`
+    (docs/learning.md, "The empty side of a fill-in"). Raises ValueError for identical
+    solutions."""
     changes = changed_line_blocks(first, second)
     if not changes:
         raise ValueError("the two solutions are the same; there is no disputed part")
     a_lines, b_lines = first.splitlines(), second.splitlines()
     a0, b0 = changes[0][0], changes[0][2]
     a1, b1 = changes[-1][1], changes[-1][3]
-    while a1 == a0 or b1 == b0:  # widen by the shared line before, else the one after
-        if a0 > 0 and b0 > 0:
-            a0, b0 = a0 - 1, b0 - 1
-        elif a1 < len(a_lines) and b1 < len(b_lines):
-            a1, b1 = a1 + 1, b1 + 1
-        else:
-            break
     return DisputedPart(a_lines[:a0], a_lines[a0:a1], b_lines[b0:b1], a_lines[a1:])
 
 
@@ -162,7 +166,8 @@ def masked_solution(first: str, second: str) -> str:
     part's first line, stands where the two solutions differ (the shared lines are the same in
     both, so this shows neither version)."""
     part = disputed_part(first, second)
-    indent = re.match(r"[ \t]*", part.first[0] if part.first else "").group(0)
+    lines = part.first or part.second  # the version that has lines there (the same in any order)
+    indent = re.match(r"[ \t]*", lines[0]).group(0)
     return "\n".join([*part.before, indent + MISSING_PART_MARKER, *part.after])
 
 
@@ -195,4 +200,4 @@ def nearer_version(text: str, first: str, second: str) -> int | None:
 def version_reply(code_lines: list[str]) -> str:
     """A reply that writes one version of the disputed part and nothing else: what the
     verifier's verdict is scored and trained as in the fill-in protocol."""
-    return "```python\n" + "\n".join(code_lines) + "\n```"
+    return "```python\n" + version_text(code_lines) + "\n```"
