@@ -62,12 +62,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--split", default="validation", choices=("validation", "test"))
     parser.add_argument("--seed", type=int, default=7002)
+    parser.add_argument("--difficulty", default="medium", choices=("easy", "medium", "mixed"))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     data = read_params_file(REPO / "configs" / "experiment-cpu-fill-in-choice.yaml")
     data.pop("experiment", None)
     data["seed"] = args.seed
+    data["dataset_options"]["difficulty"] = args.difficulty
     hp = HyperParameters.from_dict(data)
     context = build_context(hp, "probe", 0)
     protocol, verifier = context.protocol, context.protocol.verifier_name
@@ -87,6 +89,7 @@ def main() -> None:
     result = {
         "split": args.split,
         "seed": args.seed,
+        "difficulty": args.difficulty,
         "questions": len(points),
         "seconds": round(time.monotonic() - start, 1),
         **{name: round(float(np.mean(v)), 3) for name, v in wins.items()},
