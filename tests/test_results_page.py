@@ -115,3 +115,37 @@ def test_paired_against_reads_the_nip_folder():
     lines = run_script("paired_against", "rung-e4-from-solo", *arms)
     across = [line for line in lines if line.lstrip().startswith("across")]
     assert len(across) == 1 and " 0.965 " in across[0] and " 0.015 " in across[0], across
+
+
+def test_question_margins_orients_by_the_correct_solution_and_counts_per_model():
+    """P(right) is P(accept) where Solution A is correct and 1 - P(accept) where it is not; a
+    question is its two orders together (`pair_id` // 2)."""
+    import pandas as pd
+
+    question_margins = load_script("question_margins")
+    rows = [  # question 5 (pair ids 10, 11), question 6 (12, 13)
+        ("base", 0, 10, 1, 0.55),  # correct first: P(right) 0.55
+        ("base", 0, 11, 0, 0.45),  # buggy first: P(right) 0.55
+        ("base", 0, 12, 1, 0.30),
+        ("base", 0, 13, 0, 0.70),
+        ("malt", 1, 10, 1, 0.95),
+        ("malt", 1, 11, 0, 0.05),
+        ("malt", 1, 12, 1, 0.45),
+        ("malt", 1, 13, 0, 0.55),
+    ]
+    frame = pd.DataFrame(rows, columns=["arm", "iteration", "datapoint_id", "y", "p_accept"])
+    frame["seed"] = 7
+    table = question_margins.right_version_probability(frame, "malt")
+    assert table["base"].tolist() == pytest.approx([0.55, 0.30])
+    assert table["7.1"].tolist() == pytest.approx([0.95, 0.45])
+    counts = question_margins.model_counts(table)
+    assert counts.loc["base"].tolist() == [1, 0, 1] and counts.loc["7.1"].tolist() == [1, 1, 1]
+    assert question_margins.agreement(table) == {"every": 1, "none": 1, "some": 0}
+    with pytest.raises(ValueError, match="no episodes of arm 'other'"):
+        question_margins.right_version_probability(frame, "other")
+
+
+def test_question_margins_reads_the_published_fill_in_seeds():
+    lines = run_script("question_margins", "fill-in-choice-nothing-test", "--arm", "malt_t2")
+    assert "  base: right 30, sure 1, near tie 23" in lines
+    assert lines[-1].strip() == "trained models: every one right on 24, none on 1, some on 9"
