@@ -2,8 +2,8 @@
 
     python scripts/question_margins.py fill-in-choice-nothing-test --arm malt_t2
 
-In the pair protocols a datapoint is one question shown in one order (`pair_id`: twice the
-buggy row's id, plus one when the buggy solution comes first), and P(the verifier picks the
+In the pair protocols a datapoint is one question shown in one order (`pair_id`; the question is
+its buggy row, `pair_buggy_id`), and P(the verifier picks the
 correct solution) is P(accept) where Solution A is correct, 1 - P(accept) where it is not. Its
 mean over a question's episodes tells a question the model is sure of (> 0.9) from a near tie
 (0.4-0.6), which the decided accuracy mixes and the argmax hides. Prints, for the base model
@@ -23,6 +23,8 @@ sys.path.insert(0, str(REPO))
 
 import pandas as pd  # noqa: E402
 
+from nip_core.data.pairwise import pair_buggy_id  # noqa: E402
+
 RESULTS = REPO / "docs" / "results"
 
 
@@ -31,7 +33,7 @@ def right_version_probability(episodes: pd.DataFrame, arm: str) -> pd.DataFrame:
     if not (episodes["arm"] == arm).any():
         raise ValueError(f"no episodes of arm {arm!r}")
     rows = episodes[episodes["arm"].isin([arm, "base"])].copy()
-    rows["question"] = rows["datapoint_id"] // 2
+    rows["question"] = rows["datapoint_id"].map(pair_buggy_id)
     rows["p_right"] = rows["p_accept"].where(rows["y"] == 1, 1.0 - rows["p_accept"])
     base = rows[rows["arm"] == "base"].groupby("question")["p_right"].mean().rename("base")
     trained = rows[(rows["arm"] == arm) & (rows["iteration"] > 0)]
@@ -66,7 +68,13 @@ def main() -> None:
     parser.add_argument("--arm", required=True)
     args = parser.parse_args()
     folder = Path(args.folder) if Path(args.folder).is_dir() else RESULTS / args.folder
-    table = right_version_probability(pd.read_parquet(folder / "experiment.parquet"), args.arm)
+    episodes = folder / "experiment.parquet"
+    if not episodes.is_file():
+        raise SystemExit(f"error: {episodes} not found (a result folder's episodes)")
+    try:
+        table = right_version_probability(pd.read_parquet(episodes), args.arm)
+    except ValueError as error:
+        raise SystemExit(f"error: {folder.name}: {error}") from None
     print(f"{folder.name}, {args.arm}: {len(table)} questions")
     for model, row in model_counts(table).iterrows():
         print(f"  {model}: right {row.right}, sure {row.sure}, near tie {row.near_tie}")

@@ -12,7 +12,7 @@ import yaml
 from flows.experiment import main as experiment_main
 from nip_core.agents import chat_messages
 from nip_core.data import datapoints
-from nip_core.data.pairwise import pair_id, pairwise_frame, solution_difference
+from nip_core.data.pairwise import pair_buggy_id, pair_id, pairwise_frame, solution_difference
 from nip_core.data.splits import load_split
 from nip_core.episode import ACCEPT, REJECT
 from nip_core.experiment.reference import LIKELIHOOD_ARM, REFERENCE_ARMS, likelihood_rows
@@ -88,6 +88,7 @@ def test_every_correct_buggy_pair_is_shown_in_both_orders():
     assert set(second["solution"]) == {"bad1", "bad2a", "bad2b"}
     assert pairs["id"].is_unique and pairs["id"].is_monotonic_increasing
     assert pair_id(101, True) in set(pairs["id"]) and pair_id(101, False) in set(pairs["id"])
+    assert {pair_buggy_id(pair_id(101, first)) for first in (True, False)} == {101}
     assert set(pairs.loc[pairs["problem_id"] == "p2", "mutation"]) == {"m2a", "m2b"}
 
 

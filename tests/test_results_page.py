@@ -119,11 +119,11 @@ def test_paired_against_reads_the_nip_folder():
 
 def test_question_margins_orients_by_the_correct_solution_and_counts_per_model():
     """P(right) is P(accept) where Solution A is correct and 1 - P(accept) where it is not; a
-    question is its two orders together (`pair_id` // 2)."""
+    question is its two orders together (`pair_buggy_id`)."""
     import pandas as pd
 
     question_margins = load_script("question_margins")
-    rows = [  # question 5 (pair ids 10, 11), question 6 (12, 13)
+    rows = [  # buggy row 5 (pair ids 10, 11), buggy row 6 (12, 13)
         ("base", 0, 10, 1, 0.55),  # correct first: P(right) 0.55
         ("base", 0, 11, 0, 0.45),  # buggy first: P(right) 0.55
         ("base", 0, 12, 1, 0.30),

@@ -53,6 +53,12 @@ def pair_id(buggy_id: int, correct_first: bool) -> int:
     return 2 * int(buggy_id) + (0 if correct_first else 1)
 
 
+def pair_buggy_id(pair_datapoint_id: int) -> int:
+    """The buggy row's id of a pair datapoint (`pair_id` undone): one id per question, the same
+    for both orders."""
+    return int(pair_datapoint_id) // 2
+
+
 def pairwise_frame(frame: pd.DataFrame) -> pd.DataFrame:
     """Both orders of every (correct, buggy) pair of solutions to one question, sorted by id.
 
