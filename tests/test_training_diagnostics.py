@@ -245,6 +245,8 @@ def test_training_rows_take_steps_from_the_table_and_tokens_from_the_summary():
     # how far each job trained: the last step's epoch (step 2 logged none, step 1 half an epoch)
     assert rows.loc[0, "epochs"] == 0.5 and pd.isna(rows.loc[2, "epochs"])
     assert rows.loc[0, "truncated"] == 1 and rows.loc[1, "truncated"] == 0
+    # the rows the job trained on, from its dataset summary (none where no job ran)
+    assert rows.loc[0, "job_examples"] == 8 and pd.isna(rows.loc[2, "job_examples"])
     assert rows.loc[1, "last_loss"] == 0.3 and rows.loc[0, "last_accuracy"] == 0.5
     assert rows.loc[1, "last_epoch_loss"] == pytest.approx(0.6) and pd.isna(
         rows.loc[2, "last_epoch_loss"]

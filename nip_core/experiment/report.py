@@ -156,7 +156,8 @@ def training_html(training: pd.DataFrame) -> str:
     return (
         "<h2>Training</h2><p>Per model group and iteration: the rows its dataset export wrote "
         "(examples), what became of its model (switch: switched in, kept_previous by the switch "
-        "guard, not_trained, with the reason), optimizer steps, loss at the first and last step, "
+        "guard, not_trained, with the reason), the rows its job trained on (job_examples: "
+        "every iteration's where it trains on all of them), optimizer steps, loss at the first and last step, "
         "the DPO reward margin and pair accuracy at the last step, tokens per example and how "
         "many examples were longer than the trainer's maximum length (truncated; dropped: left "
         f"out by TRL).</p>{table}"

@@ -8,7 +8,9 @@ whether examples were cut at the trainer's maximum length. Pure functions of alr
 tables; `read_training` reads one run's file. `epochs` is how far the job trained (the last
 step's epoch): fewer than asked where it stopped once fitted (`stop_at_pair_accuracy`).
 `examples` and `switch` say, per model group, how many rows its dataset export wrote (a
-multi-agent protocol's prover may get none) and what became of its model (`group_outcomes`).
+multi-agent protocol's prover may get none) and what became of its model (`group_outcomes`);
+`job_examples`, how many the job trained on: more than `examples` where it trains on every
+iteration's rows (`text_rl.fine_tune_on_all_previous_rollouts`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ TrainingEntry = tuple[int, str, int, pd.DataFrame, dict | None]
 ROW_COLUMNS = [
     "seed", "arm", "iteration", "steps", "epochs", "first_loss", "last_loss",
     "last_epoch_loss", "last_margin", "last_accuracy", "tokens_mean", "tokens_max",
-    "max_length", "truncated", "dropped",
+    "max_length", "truncated", "dropped", "job_examples",
 ]  # fmt: skip
 # From the job's dataset summary (the trainer's view of its rows).
 DATASET_COLUMNS = ["tokens_max", "max_length", "truncated", "dropped", "tokens_mean"]
@@ -79,6 +81,7 @@ def training_rows(entries: Iterable[TrainingEntry]) -> pd.DataFrame:
             "last_accuracy": _end(steps, "rewards_accuracies"),
         }
         | {key: _number(summary, key) for key in DATASET_COLUMNS}
+        | {"job_examples": _number(summary, "examples")}
         for seed, arm, iteration, steps, summary in entries
     ]
     return pd.DataFrame(rows, columns=ROW_COLUMNS)
