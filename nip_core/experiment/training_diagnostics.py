@@ -37,8 +37,11 @@ ROW_COLUMNS = [
     "last_epoch_loss", "last_margin", "last_accuracy", "tokens_mean", "tokens_max",
     "max_length", "truncated", "dropped", "job_examples",
 ]  # fmt: skip
-# From the job's dataset summary (the trainer's view of its rows).
-DATASET_COLUMNS = ["tokens_max", "max_length", "truncated", "dropped", "tokens_mean"]
+# Column -> key of the job's dataset summary (the trainer's view of its rows).
+DATASET_COLUMNS = {
+    "tokens_max": "tokens_max", "max_length": "max_length", "truncated": "truncated",
+    "dropped": "dropped", "tokens_mean": "tokens_mean", "job_examples": "examples",
+}  # fmt: skip
 # Per model group, from the iteration's manifest (`group_outcomes`).
 OUTCOME_COLUMNS = ["group", "examples", "switch", "reason"]
 
@@ -80,8 +83,7 @@ def training_rows(entries: Iterable[TrainingEntry]) -> pd.DataFrame:
             "last_margin": _end(steps, "rewards_margins"),
             "last_accuracy": _end(steps, "rewards_accuracies"),
         }
-        | {key: _number(summary, key) for key in DATASET_COLUMNS}
-        | {"job_examples": _number(summary, "examples")}
+        | {column: _number(summary, key) for column, key in DATASET_COLUMNS.items()}
         for seed, arm, iteration, steps, summary in entries
     ]
     return pd.DataFrame(rows, columns=ROW_COLUMNS)
