@@ -13,12 +13,17 @@ argmax accuracy per seed and its mean over the folder's seeds.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 
-RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
+import pandas as pd  # noqa: E402
+
+from nip_core.experiment.summary import argmax_sums  # noqa: E402
+
+RESULTS = REPO / "docs" / "results"
 EPISODE = ["seed", "datapoint_id", "sample", "y"]
 
 
@@ -41,11 +46,14 @@ def averaged_argmax(episodes: pd.DataFrame, members: list[tuple[str, int]]) -> p
         if own.empty:
             raise SystemExit(f"{arm}:{iteration}: no episodes in this folder")
         tables.append(own.set_index(EPISODE)["p_accept"].astype(float))
-    mean = pd.concat(tables, axis=1, join="inner").mean(axis=1, skipna=False).dropna()
-    agrees = (mean.to_numpy() > 0.5) == (mean.index.get_level_values("y") == 1)
-    # as `summary.argmax_sums`: a tie counts one half, an episode without P(accept) not at all
-    right = pd.Series(np.where(mean.to_numpy() == 0.5, 0.5, agrees.astype(float)), mean.index)
-    return right.groupby(level="seed").mean()
+    mean = pd.concat(tables, axis=1, join="inner").mean(axis=1, skipna=False)
+    averaged = mean.rename("p_accept").reset_index()
+    # the experiment's own argmax rule: a tie counts one half, an episode without P(accept) not at all
+    accuracy = {}
+    for seed, frame in averaged.groupby("seed"):
+        right, scored = argmax_sums(frame, frame["datapoint_id"].unique()).sum(axis=0)
+        accuracy[seed] = right / scored
+    return pd.Series(accuracy).rename_axis("seed")
 
 
 def main() -> None:

@@ -2,22 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pandas as pd
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location(
-        "averaged_argmax", ROOT / "scripts" / "averaged_argmax.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.script_modules import load_script
 
 
 def episodes(arm: str, iteration: int, p_accept: list[float | None], seed: int = 1) -> pd.DataFrame:
@@ -36,7 +24,7 @@ def episodes(arm: str, iteration: int, p_accept: list[float | None], seed: int =
 
 
 def test_average_decides_where_the_members_disagree() -> None:
-    script = load_script()
+    script = load_script("averaged_argmax")
     frame = pd.concat(
         [episodes("a", 1, [0.9, 0.6, 0.4, 0.1]), episodes("b", 2, [0.8, 0.2, 0.7, 0.7])]
     )
@@ -48,7 +36,7 @@ def test_average_decides_where_the_members_disagree() -> None:
 
 
 def test_ties_count_half_and_missing_scores_are_left_out() -> None:
-    script = load_script()
+    script = load_script("averaged_argmax")
     frame = pd.concat(
         [episodes("a", 1, [0.6, 0.4, None, 0.2]), episodes("b", 1, [0.4, 0.6, 0.9, 0.2])]
     )
@@ -57,7 +45,7 @@ def test_ties_count_half_and_missing_scores_are_left_out() -> None:
 
 
 def test_unknown_member_and_bad_term_are_refused() -> None:
-    script = load_script()
+    script = load_script("averaged_argmax")
     frame = episodes("a", 1, [0.9, 0.1, 0.9, 0.1])
     with pytest.raises(SystemExit, match="a:2: no episodes"):
         script.averaged_argmax(frame, [("a", 2)])

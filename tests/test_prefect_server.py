@@ -3,7 +3,6 @@
 pytest -m slow tests/test_prefect_server.py      (about a minute on 2 cores)
 """
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,19 +13,13 @@ import httpx
 import pytest
 import yaml
 
+from tests.script_modules import load_script
+
 REPO = Path(__file__).resolve().parent.parent
 
 
-def load_script():
-    """The server helpers live in the documented screenshot script; reuse them."""
-    path = REPO / "scripts" / "screenshot_prefect_ui.py"
-    spec = importlib.util.spec_from_file_location("screenshot_prefect_ui", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-shots = load_script()
+# The server helpers live in the documented screenshot script; reuse them.
+shots = load_script("screenshot_prefect_ui")
 
 
 def wait_for(predicate, timeout: float, what: str, process=None):

@@ -10,25 +10,17 @@ provenance commits (seven characters, or "unknown"). The README's learning part 
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 
+from tests.script_modules import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "results.md"
 ROW = re.compile(r"^\|(.+)\|\s*\[([\w.-]+)\]\(results/([\w.-]+)/?\)\s*\|$")
 COLUMNS = ("arm", "iteration", "seeds", "decided", "auc", "accept", "minutes", "machine", "commit")
-
-
-def load_script(name: str):
-    """A script of scripts/ as a module (scripts/ is not a package)."""
-    path = ROOT / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 results_rows = load_script("results_rows")  # the script that makes the page's rows

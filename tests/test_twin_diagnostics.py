@@ -2,22 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pandas as pd
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def load_script(name: str):
-    """A script as a module (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
+from tests.script_modules import load_script
 
 twin_ranking = load_script("twin_ranking")
 probe_line_choice = load_script("probe_line_choice")
