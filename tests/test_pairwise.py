@@ -13,7 +13,7 @@ from flows.experiment import main as experiment_main
 from nip_core.agents import chat_messages
 from nip_core.data import datapoints
 from nip_core.data.pairwise import pair_buggy_id, pair_id, pairwise_frame, solution_difference
-from nip_core.data.splits import load_split
+from nip_core.data.splits import load_split, pooled_pairs
 from nip_core.episode import ACCEPT, REJECT
 from nip_core.experiment.reference import LIKELIHOOD_ARM, REFERENCE_ARMS, likelihood_rows
 from nip_core.parameters import HyperParameters
@@ -113,6 +113,50 @@ def test_the_control_shuffles_the_pairs_labels_not_the_solutions():
     shuffled, true = load_split(hp, "train"), load_split(hyper(), "train")
     assert list(shuffled["solution"]) == list(true["solution"])
     assert sorted(shuffled["y"]) == sorted(true["y"]) and list(shuffled["y"]) != list(true["y"])
+
+
+def test_another_grade_joins_the_train_split_and_no_other():
+    plain = hyper()
+    pooled = hyper(
+        dataset_options={
+            "difficulty": "medium",
+            "solution_docstring": "dropped",
+            "train_extra_difficulty": "hard",
+        }
+    )
+    train, plain_train = load_split(pooled, "train"), load_split(plain, "train")
+    assert set(train["difficulty"]) == {"medium", "hard"}
+    assert set(plain_train["id"]) < set(train["id"]) and train["id"].is_unique
+    assert train["y"].mean() == 0.5  # the extra grade's pairs come in both orders too
+    for split in ("validation", "test"):  # what the guard and the reports measure is unchanged
+        pd.testing.assert_frame_equal(load_split(pooled, split), load_split(plain, split))
+    validation = set(load_split(pooled, "validation")["problem_id"])
+    assert validation and not validation & set(train["problem_id"])
+
+
+def test_a_pooled_pair_that_shows_the_same_solutions_is_left_out():
+    pairs = pairwise_frame(ROWS)
+    same_bug = ROWS.assign(id=ROWS["id"] + 5)  # another grade whose bugs are these very ones
+    other_bug = same_bug.assign(solution=same_bug["solution"].replace("bad1", "bad1-hard"))
+    assert pooled_pairs(pairs, pairwise_frame(same_bug)).equals(pairs)
+    pooled = pooled_pairs(pairs, pairwise_frame(other_bug))
+    assert len(pooled) == len(pairs) + 2 and "bad1-hard" in set(pooled["solution"])
+    with pytest.raises(ValueError, match="share a pair id"):
+        pooled_pairs(pairs, pairwise_frame(other_bug.assign(id=ROWS["id"])))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"interaction_protocol": "solo_verifier"}, "only a pairwise protocol shows"),
+        ({"dataset_options": {"difficulty": "hard"}}, "already gives"),
+    ],
+)
+def test_pooling_a_grade_is_refused_where_it_means_nothing(overrides, message):
+    options = {"difficulty": "medium", "train_extra_difficulty": "hard"}
+    options |= overrides.pop("dataset_options", {})
+    with pytest.raises(ValueError, match=message):
+        hyper(dataset_options=options, **overrides)
 
 
 def test_one_verifier_round_rewards_naming_the_correct_solution():

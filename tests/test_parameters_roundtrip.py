@@ -171,7 +171,11 @@ def hyper_params(draw) -> HyperParameters:
         pure_text_ei=draw(EI),
         pure_text_malt=malt,
         code_validation=draw(simple(CodeValidationParameters)),
-        dataset_options=draw(simple(DatasetParameters)),
+        # A second train grade pools only as pairs (`check_train_extra_difficulty`); none of the
+        # drawn protocols shows pairs.
+        dataset_options=dataclasses.replace(
+            draw(simple(DatasetParameters)), train_extra_difficulty=None
+        ),
         protocol_common=common,
         nip_protocol=draw(rounds(NipProtocolParameters)),
         debate_protocol=draw(rounds(DebateProtocolParameters)),

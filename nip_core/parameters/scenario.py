@@ -32,6 +32,9 @@ class DatasetParameters(BaseParameters):
     "mixed". See docs/data_difficulty.md. `solution_docstring: dropped` shows each solution
     without the docstrings it repeats from its question (a shorter prompt: about two thirds of
     humaneval-buggy's solution text goes), "kept" (the default) as it is.
+    `train_extra_difficulty` adds another grade's buggy solutions of the same train problems to
+    the train split alone (pairwise protocols): a problem then gives a contrast per grade where
+    one grade gives one; validation and test keep `difficulty`'s pairs only.
     """
 
     max_train_size: int | None = None
@@ -40,3 +43,4 @@ class DatasetParameters(BaseParameters):
     local_path: str | None = None
     difficulty: Literal["mixed", "easy", "medium", "hard"] = "mixed"
     solution_docstring: Literal["kept", "dropped"] = "kept"
+    train_extra_difficulty: Literal["mixed", "easy", "medium", "hard"] | None = None

@@ -243,12 +243,36 @@ def check_across_sections(p: Any) -> None:
     """The rules that span sections, checked once all of them are set (`_SETTING_SEVERAL`)."""
     check_training_signal(p)
     check_training_objective(p)
+    check_train_extra_difficulty(p)
     _require(
         p.pure_text_malt.rollout_early_verdict_retries == 0
         or p.protocol_common.early_decision_ends_episode,
         "HyperParameters: pure_text_malt.rollout_early_verdict_retries re-samples verdicts given "
         "too early, which only protocol_common.early_decision_ends_episode=true lets a verifier "
         "give",
+    )
+
+
+def check_train_extra_difficulty(p: Any) -> None:
+    """A second grade's bugs join the train split only as pairs with their problem's correct
+    solution: a solo protocol would see more buggy rows than correct ones."""
+    from nip_core.data.pairwise import shows_pairs
+
+    extra, name = p.dataset_options.train_extra_difficulty, "dataset_options.train_extra_difficulty"
+    if extra is None:
+        return
+    _require(
+        p.dataset == "humaneval-buggy",
+        f"HyperParameters: {name} needs dataset 'humaneval-buggy', got {p.dataset!r}",
+    )
+    _require(
+        shows_pairs(p.interaction_protocol),
+        f"HyperParameters: {name} pools bugs as pairs with their correct solution, which only a "
+        f"pairwise protocol shows; {p.interaction_protocol!r} judges one solution at a time",
+    )
+    _require(
+        extra != p.dataset_options.difficulty,
+        f"HyperParameters: {name} is {extra!r}, the grade dataset_options.difficulty already gives",
     )
 
 
