@@ -102,6 +102,25 @@ def test_paired_against_takes_another_arm_as_the_reference():
     assert across.loc["solo", ["decided_diff_ci_low", "decided_diff_ci_high"]].tolist() == [0, 0]
 
 
+def test_paired_against_takes_the_reference_from_a_folder_with_the_same_base_draws():
+    import pandas as pd
+
+    paired_against = load_script("paired_against")
+    columns = ["seed", "arm", "iteration", "datapoint_id", "sample", "y", "decision"]
+    base = [(1, "base", 0, d, 0, d % 2, 1) for d in range(4)]
+    new = pd.DataFrame(
+        [*base, *[(1, "new", 1, d, 0, d % 2, d % 2) for d in range(4)]], columns=columns
+    )
+    old = pd.DataFrame([*base, *[(1, "old", 1, d, 0, d % 2, 1) for d in range(4)]], columns=columns)
+    joined = paired_against.with_reference_from(new, old, ("old", 1))
+    assert sorted(set(joined["arm"])) == ["base", "new", "old"] and len(joined) == 12
+    redrawn = old.assign(decision=1 - old["decision"])  # another base draw: not comparable
+    with pytest.raises(SystemExit, match="base episodes differ"):
+        paired_against.with_reference_from(new, redrawn, ("old", 1))
+    with pytest.raises(SystemExit, match="share no seed"):
+        paired_against.with_reference_from(new, old.assign(seed=2), ("old", 1))
+
+
 def test_paired_against_reads_the_nip_folder():
     arms = ("--reference", "label_pairs:1", "--arm", "nip_from_solo:1", "--resamples", "50")
     lines = run_script("paired_against", "rung-e4-from-solo", *arms)
