@@ -24,8 +24,9 @@ from typing import NamedTuple
 import pandas as pd
 
 from nip_core.episode import Datapoint
+from nip_core.parameters.hyper import PAIR_PROTOCOLS
 
-PAIRWISE_PROTOCOLS: tuple[str, ...] = ("pairwise", "fill_in", "fill_in_choice")
+PAIRWISE_PROTOCOLS = PAIR_PROTOCOLS
 PAIR_COLUMNS = ("id", "question", "solution", "other_solution", "y", "prover_stance")
 NOTHING_HERE = "(nothing)"  # how a version with no lines in a changed place is written
 

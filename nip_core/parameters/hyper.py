@@ -50,6 +50,8 @@ InteractionProtocolType = Literal[
     "fill_in",
     "fill_in_choice",
 ]
+# The protocols whose datapoints are two solutions to one question (`nip_core.data.pairwise`).
+PAIR_PROTOCOLS: tuple[str, ...] = ("pairwise", "fill_in", "fill_in_choice")
 
 
 @register_parameter_class
@@ -88,6 +90,11 @@ class HyperParameters(BaseParameters):
             elif isinstance(value, dict):
                 object.__setattr__(self, name, build_value(value, annotation))
         super().__post_init__()
+
+    @property
+    def shows_pairs(self) -> bool:
+        """Whether the protocol's datapoints are two solutions to one question."""
+        return self.interaction_protocol in PAIR_PROTOCOLS
 
     def to_dict(self, include_package_meta: bool = False) -> dict:
         """Nested JSON-ready dict; with `include_package_meta`, also our package name/version.

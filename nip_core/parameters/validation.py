@@ -256,8 +256,6 @@ def check_across_sections(p: Any) -> None:
 def check_train_extra_difficulty(p: Any) -> None:
     """A second grade's bugs join the train split only as pairs with their problem's correct
     solution: a solo protocol would see more buggy rows than correct ones."""
-    from nip_core.data.pairwise import shows_pairs
-
     extra, name = p.dataset_options.train_extra_difficulty, "dataset_options.train_extra_difficulty"
     if extra is None:
         return
@@ -266,7 +264,7 @@ def check_train_extra_difficulty(p: Any) -> None:
         f"HyperParameters: {name} needs dataset 'humaneval-buggy', got {p.dataset!r}",
     )
     _require(
-        shows_pairs(p.interaction_protocol),
+        p.shows_pairs,
         f"HyperParameters: {name} pools bugs as pairs with their correct solution, which only a "
         f"pairwise protocol shows; {p.interaction_protocol!r} judges one solution at a time",
     )
