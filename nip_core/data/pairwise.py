@@ -26,14 +26,14 @@ import pandas as pd
 from nip_core.episode import Datapoint
 from nip_core.parameters.hyper import PAIR_PROTOCOLS
 
-PAIRWISE_PROTOCOLS = PAIR_PROTOCOLS
 PAIR_COLUMNS = ("id", "question", "solution", "other_solution", "y", "prover_stance")
 NOTHING_HERE = "(nothing)"  # how a version with no lines in a changed place is written
 
 
 def shows_pairs(protocol_name: str) -> bool:
-    """Whether the protocol's datapoints are solution pairs."""
-    return protocol_name in PAIRWISE_PROTOCOLS
+    """Whether the protocol's datapoints are solution pairs (`HyperParameters.shows_pairs` for a
+    protocol name alone)."""
+    return protocol_name in PAIR_PROTOCOLS
 
 
 def writes_disputed_part(protocol_name: str) -> bool:

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from nip_core.data import load_for_parameters
-from nip_core.data.pairwise import pairwise_frame, shows_pairs
+from nip_core.data.pairwise import pairwise_frame
 from nip_core.data.stable import stable_fraction, stable_seed
 from nip_core.parameters.loading import apply_overrides
 
@@ -70,7 +70,7 @@ def load_grade(hp, source: str, difficulty: str) -> pd.DataFrame:
     frame = load_for_parameters(
         hp.dataset, source, options=options, code_validation=hp.code_validation, seed=hp.seed
     )
-    return pairwise_frame(frame) if shows_pairs(hp.interaction_protocol) else frame
+    return pairwise_frame(frame) if hp.shows_pairs else frame
 
 
 def pooled_pairs(pairs: pd.DataFrame, extra_pairs: pd.DataFrame) -> pd.DataFrame:
