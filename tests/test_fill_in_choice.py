@@ -95,6 +95,46 @@ def test_the_server_answers_with_candidates_only(tmp_path: Path):
         assert bad.status_code == 400 and "candidates" in bad.json()["error"]["message"]
 
 
+def test_only_a_draw_among_candidates_may_be_hotter_than_two(tmp_path: Path):
+    """A closed-set draw is a softmax over the candidates' scores: the server takes it up to
+    temperature 100 (a hot draw nearly even between versions 3 nats apart), while a decoded
+    reply keeps the OpenAI API's 0-2 and is refused above it, by name."""
+    chat = [{"role": "user", "content": "Write the missing line."}]
+    candidates = ("x = 1", "x = 2 + y")
+    with running_server(["--engine", "dummy"], tmp_path / "state") as server:
+        client = DirectHttpChatClient(f"{server.url}/v1", None)
+        conversations = [[*chat, {"role": "assistant", "content": c}] for c in candidates]
+        reply = httpx.post(
+            f"{server.url}/v1/chat/score", json={"model": BASE, "conversations": conversations}
+        ).json()
+        scores = [(d["logprob"], d["tokens"]) for d in reply["data"]]
+        hot = SamplingParams(temperature=50.0, seed=2, candidates=candidates)
+        texts = asyncio.run(client.complete(chat, BASE, 64, hot))
+        assert texts == [candidates[i] for i in draw_candidates(scores, 64, 50.0, 2)]
+        for temperature, status in ((2.5, 400), (100.5, 400)):
+            body = {"model": BASE, "messages": chat, "temperature": temperature}
+            refused = httpx.post(f"{server.url}/v1/chat/completions", json=body)
+            assert refused.status_code == status
+            assert refused.json()["error"]["param"] == "temperature"
+        too_hot = {"model": BASE, "messages": chat, "temperature": 100.5}
+        too_hot["candidates"] = list(candidates)
+        assert httpx.post(f"{server.url}/v1/chat/completions", json=too_hot).status_code == 400
+    leaning = [(-10.0, 10), (-13.0, 10)]
+    assert np.mean(np.array(draw_candidates(leaning, 4000, 50.0, seed=6)) == 1) > 0.45
+
+
+def test_a_hot_rollout_temperature_is_for_closed_replies_only():
+    """pure_text_malt.rollout_temperature above 2 is taken where the verifier's reply is drawn
+    from the two versions and refused, naming the protocol, where it is decoded."""
+    closed = hyper(pure_text_malt={"rollout_temperature": 8.0})
+    assert closed.draws_closed_replies and closed.pure_text_malt.rollout_temperature == 8.0
+    with pytest.raises(ValueError, match="rollout_temperature=8.0 is above 2.0.*'fill_in' decodes"):
+        fill_in_hyper(pure_text_malt={"rollout_temperature": 8.0})
+    with pytest.raises(ValueError, match="rollout_temperature: must be in \\[0.0, 100.0\\]"):
+        hyper(pure_text_malt={"rollout_temperature": 101.0})
+    assert not fill_in_hyper(pure_text_malt={"rollout_temperature": 2.0}).draws_closed_replies
+
+
 def test_the_choosing_verifier_is_offered_the_two_versions_of_the_missing_part():
     protocol = make_protocol(hyper())
     for correct_first in (True, False):

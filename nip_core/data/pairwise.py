@@ -24,7 +24,7 @@ from typing import NamedTuple
 import pandas as pd
 
 from nip_core.episode import Datapoint
-from nip_core.parameters.hyper import PAIR_PROTOCOLS
+from nip_core.parameters.protocol_kinds import CLOSED_REPLY_PROTOCOLS, PAIR_PROTOCOLS
 
 PAIR_COLUMNS = ("id", "question", "solution", "other_solution", "y", "prover_stance")
 NOTHING_HERE = "(nothing)"  # how a version with no lines in a changed place is written
@@ -45,7 +45,7 @@ def writes_disputed_part(protocol_name: str) -> bool:
 def chooses_disputed_part(protocol_name: str) -> bool:
     """Whether the verifier's reply is one of the two versions of the disputed part, drawn by
     its own probability of writing each (`fill_in_choice`), rather than any text it writes."""
-    return protocol_name == "fill_in_choice"
+    return protocol_name in CLOSED_REPLY_PROTOCOLS
 
 
 def pair_id(buggy_id: int, correct_first: bool) -> int:

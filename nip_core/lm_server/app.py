@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request, UploadFile
 from fastapi.responses import JSONResponse
 
 import nip_core
-from nip_core.lm_server.candidates import check_candidates, draw_candidates
+from nip_core.lm_server import candidates as closed_set
 from nip_core.lm_server.engines.base import (
     AdapterError,
     ChatChoice,
@@ -32,7 +32,7 @@ from nip_core.lm_server.store import StateDir
 from nip_core.model_api.chat_format import fold_speaker_names
 
 _SAMPLING = {
-    "temperature": (float, 0.0, 2.0),
+    "temperature": (float, 0.0, closed_set.CANDIDATES_MAX_TEMPERATURE),  # decoded: <= 2
     "top_p": (float, 0.0, 1.0),
     "max_tokens": (int, 1, 32768),
     "seed": (int, None, None),
@@ -82,6 +82,10 @@ def _chat_request(body: dict, engine_model: str) -> ChatRequest:
         raise JobError(f"n must be an integer in [1, 256], got {n!r}", 400, "n")
     clean = fold_speaker_names(messages)  # chat templates drop `name`: keep who spoke
     sampling = {key: _sampling_value(body, key) for key in _SAMPLING}
+    try:
+        closed_set.check_temperature(sampling["temperature"], body.get("candidates") is not None)
+    except ValueError as exc:
+        raise JobError(str(exc), 400, "temperature") from None
     return ChatRequest(model=engine_model, messages=clean, n=n, **sampling)
 
 
@@ -271,7 +275,7 @@ async def _chosen_replies(
     """`request.n` replies drawn from `candidates` by the model's scores of each as the reply
     (ours, `nip_core.lm_server.candidates`)."""
     try:
-        texts = check_candidates(candidates)
+        texts = closed_set.check_candidates(candidates)
     except ValueError as exc:
         raise JobError(str(exc), 400, "candidates") from None
     scorer = getattr(engine, "score", None)
@@ -279,7 +283,7 @@ async def _chosen_replies(
         raise JobError(f"the {engine.name} engine cannot score candidates", 501, "candidates")
     chats = [[*request.messages, {"role": "assistant", "content": text}] for text in texts]
     scores = await scorer(request.model, chats)
-    drawn = draw_candidates(scores, request.n, request.temperature, request.seed)
+    drawn = closed_set.draw_candidates(scores, request.n, request.temperature, request.seed)
     return [ChatChoice(texts[i], "stop") for i in drawn]
 
 

@@ -15,6 +15,12 @@ from __future__ import annotations
 import numpy as np
 
 MAX_CANDIDATES = 16
+# A decoded reply's temperature stays in the OpenAI API's range (0-2); a draw among candidates
+# is a softmax over a few scores, which a hotter temperature only flattens: a training rollout
+# may draw it hotter to reach the questions the model is wrongly sure of (the parameters keep
+# the same two bounds, nip_core.parameters.protocol_kinds).
+DECODED_MAX_TEMPERATURE = 2.0
+CANDIDATES_MAX_TEMPERATURE = 100.0
 
 
 def check_candidates(candidates: object) -> list[str]:
@@ -32,6 +38,16 @@ def check_candidates(candidates: object) -> list[str]:
     if len(set(candidates)) != len(candidates):
         raise ValueError("candidates must be distinct")
     return list(candidates)
+
+
+def check_temperature(temperature: float | None, among_candidates: bool) -> None:
+    """A ValueError naming the range where a reply's temperature is above its kind's bound."""
+    if temperature is not None and temperature > DECODED_MAX_TEMPERATURE and not among_candidates:
+        raise ValueError(
+            f"temperature={temperature!r} is out of range: a decoded reply takes 0 to "
+            f"{DECODED_MAX_TEMPERATURE}; only a draw among `candidates` goes to "
+            f"{CANDIDATES_MAX_TEMPERATURE}"
+        )
 
 
 def candidate_scores(scores: list[tuple[float, int]]) -> np.ndarray:

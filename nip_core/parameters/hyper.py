@@ -14,6 +14,7 @@ from typing import Literal, Self
 import nip_core
 from nip_core.parameters.agents import DEFAULT_AGENT, AgentsParameters, PureTextAgentParameters
 from nip_core.parameters.base import BaseParameters, build_value, register_parameter_class
+from nip_core.parameters.protocol_kinds import CLOSED_REPLY_PROTOCOLS, PAIR_PROTOCOLS
 from nip_core.parameters.protocols import (
     CommonProtocolParameters,
     DebateProtocolParameters,
@@ -50,8 +51,6 @@ InteractionProtocolType = Literal[
     "fill_in",
     "fill_in_choice",
 ]
-# The protocols whose datapoints are two solutions to one question (`nip_core.data.pairwise`).
-PAIR_PROTOCOLS: tuple[str, ...] = ("pairwise", "fill_in", "fill_in_choice")
 
 
 @register_parameter_class
@@ -95,6 +94,11 @@ class HyperParameters(BaseParameters):
     def shows_pairs(self) -> bool:
         """Whether the protocol's datapoints are two solutions to one question."""
         return self.interaction_protocol in PAIR_PROTOCOLS
+
+    @property
+    def draws_closed_replies(self) -> bool:
+        """Whether the verifier's reply is drawn from a closed set of texts, not decoded."""
+        return self.interaction_protocol in CLOSED_REPLY_PROTOCOLS
 
     def to_dict(self, include_package_meta: bool = False) -> dict:
         """Nested JSON-ready dict; with `include_package_meta`, also our package name/version.

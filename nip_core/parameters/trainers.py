@@ -125,7 +125,8 @@ class PureTextMaltParameters(BaseParameters):
     `rollout_temperature` (ours) samples the training rollouts at that temperature instead of
     each agent's own (None); evaluations and the switch guard keep the agent's. A pair needs
     both outcomes among a parent's K samples: a model sure of its answer gives none, wrong or
-    right, and a hotter draw reaches the questions it is wrongly sure of.
+    right, and a hotter draw reaches the questions it is wrongly sure of. A decoded reply takes
+    the OpenAI API's 0-2; a reply drawn from a closed set (`fill_in_choice`) takes up to 100.
 
     `rollout_early_verdict_retries` (ours; needs `early_decision_ends_episode`) re-samples, in
     training rollouts only, a verifier's verdict given before it may decide, up to that many

@@ -16,6 +16,11 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from nip_core.parameters.protocol_kinds import (
+    CLOSED_REPLY_MAX_TEMPERATURE,
+    CLOSED_REPLY_PROTOCOLS,
+    DECODED_MAX_TEMPERATURE,
+)
 from nip_core.parameters.typing_utils import describe, field_hints, literal_values, matches
 
 # int fields whose names match this are counts or sizes and must not be negative
@@ -146,8 +151,14 @@ def _malt_rules(p: Any) -> None:
         1.0,
         open_low=True,
     )
-    if p.rollout_temperature is not None:  # the OpenAI API's and our server's range
-        _in_range(type(p).__name__, "rollout_temperature", p.rollout_temperature, 0.0, 2.0)
+    if p.rollout_temperature is not None:  # above 2 only for closed replies (check_across_...)
+        _in_range(
+            type(p).__name__,
+            "rollout_temperature",
+            p.rollout_temperature,
+            0.0,
+            CLOSED_REPLY_MAX_TEMPERATURE,
+        )
     _require(
         p.rollout_early_verdict_retries >= 0,
         f"{type(p).__name__}.rollout_early_verdict_retries: must be >= 0",
@@ -244,12 +255,26 @@ def check_across_sections(p: Any) -> None:
     check_training_signal(p)
     check_training_objective(p)
     check_train_extra_difficulty(p)
+    check_rollout_temperature(p)
     _require(
         p.pure_text_malt.rollout_early_verdict_retries == 0
         or p.protocol_common.early_decision_ends_episode,
         "HyperParameters: pure_text_malt.rollout_early_verdict_retries re-samples verdicts given "
         "too early, which only protocol_common.early_decision_ends_episode=true lets a verifier "
         "give",
+    )
+
+
+def check_rollout_temperature(p: Any) -> None:
+    """A decoded reply is sampled in the OpenAI API's range (0-2); only a reply drawn from a
+    closed set (a softmax over its candidates' scores) may be drawn hotter."""
+    temperature = p.pure_text_malt.rollout_temperature
+    _require(
+        temperature is None or temperature <= DECODED_MAX_TEMPERATURE or p.draws_closed_replies,
+        f"HyperParameters: pure_text_malt.rollout_temperature={temperature} is above "
+        f"{DECODED_MAX_TEMPERATURE}, the range of a decoded reply; only a protocol whose reply is "
+        f"drawn from candidates ({', '.join(CLOSED_REPLY_PROTOCOLS)}) may go to "
+        f"{CLOSED_REPLY_MAX_TEMPERATURE}, and {p.interaction_protocol!r} decodes",
     )
 
 
