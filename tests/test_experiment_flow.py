@@ -117,6 +117,7 @@ def test_an_invalid_arm_override_fails_before_anything_runs(tmp_path, capsys):
         ("experiment.arms.malt={rl.num_iterations: 3}", "an arm may run fewer, not more"),
         ("experiment.arms.later={starts_from: nope}", "'nope' is not an arm listed before"),
         ("experiment.arms.malt={starts_from: malt}", "'malt' is not an arm listed before"),
+        ("experiment.arms.shuffled_labels_hot={rl.num_iterations: 1}", "trains on the true labels"),
     ],
 )
 def test_bad_experiment_settings_fail_with_one_line(tmp_path, capsys, override, needle):

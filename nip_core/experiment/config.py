@@ -258,6 +258,13 @@ def arm_hyper_params(
             f"experiment arm {arm!r}: rl.num_iterations={arm_hp.rl.num_iterations} is more than "
             f"experiment.iterations={settings.iterations} (an arm may run fewer, not more)"
         )
+    # Reports read an arm named like the control as the control: one that trains on the true
+    # labels would pass for a control that learned (a custom name gets no built-in overrides).
+    if arm.startswith("shuffled_labels") and not arm_hp.text_rl.shuffle_training_labels:
+        raise ValueError(
+            f"experiment arm {arm!r} is named as the shuffled-label control but trains on the true "
+            "labels: set text_rl.shuffle_training_labels: true in its overrides, or rename it"
+        )
     return arm_hp
 
 
