@@ -30,9 +30,10 @@ from nip_core.lm_server.engines.base import (
 from nip_core.lm_server.jobs import JobError, JobManager, public_job
 from nip_core.lm_server.store import StateDir
 from nip_core.model_api.chat_format import fold_speaker_names
+from nip_core.model_api.temperatures import CANDIDATES_MAX_TEMPERATURE
 
 _SAMPLING = {
-    "temperature": (float, 0.0, closed_set.CANDIDATES_MAX_TEMPERATURE),  # decoded: <= 2
+    "temperature": (float, 0.0, CANDIDATES_MAX_TEMPERATURE),  # decoded: <= 2
     "top_p": (float, 0.0, 1.0),
     "max_tokens": (int, 1, 32768),
     "seed": (int, None, None),

@@ -14,13 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from nip_core.model_api.temperatures import CANDIDATES_MAX_TEMPERATURE, DECODED_MAX_TEMPERATURE
+
 MAX_CANDIDATES = 16
-# A decoded reply's temperature stays in the OpenAI API's range (0-2); a draw among candidates
-# is a softmax over a few scores, which a hotter temperature only flattens: a training rollout
-# may draw it hotter to reach the questions the model is wrongly sure of (the parameters keep
-# the same two bounds, nip_core.parameters.protocol_kinds).
-DECODED_MAX_TEMPERATURE = 2.0
-CANDIDATES_MAX_TEMPERATURE = 100.0
 
 
 def check_candidates(candidates: object) -> list[str]:

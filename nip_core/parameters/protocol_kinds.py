@@ -8,8 +8,3 @@ PAIR_PROTOCOLS: tuple[str, ...] = ("pairwise", "fill_in", "fill_in_choice")
 # The protocols whose verifier reply is drawn from a closed set of texts (our server's
 # `candidates` extension) rather than decoded token by token.
 CLOSED_REPLY_PROTOCOLS: tuple[str, ...] = ("fill_in_choice",)
-# Sampling temperatures: the OpenAI API's (and our server's) range for a decoded reply, and ours
-# for a draw among candidates, a softmax over a few scores that any positive temperature keeps
-# well defined (nip_core.lm_server.candidates; the server keeps its own copy of both bounds).
-DECODED_MAX_TEMPERATURE = 2.0
-CLOSED_REPLY_MAX_TEMPERATURE = 100.0

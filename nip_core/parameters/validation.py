@@ -16,11 +16,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from nip_core.parameters.protocol_kinds import (
-    CLOSED_REPLY_MAX_TEMPERATURE,
-    CLOSED_REPLY_PROTOCOLS,
-    DECODED_MAX_TEMPERATURE,
-)
+from nip_core.model_api.temperatures import CANDIDATES_MAX_TEMPERATURE, DECODED_MAX_TEMPERATURE
+from nip_core.parameters.protocol_kinds import CLOSED_REPLY_PROTOCOLS
 from nip_core.parameters.typing_utils import describe, field_hints, literal_values, matches
 
 # int fields whose names match this are counts or sizes and must not be negative
@@ -157,7 +154,7 @@ def _malt_rules(p: Any) -> None:
             "rollout_temperature",
             p.rollout_temperature,
             0.0,
-            CLOSED_REPLY_MAX_TEMPERATURE,
+            CANDIDATES_MAX_TEMPERATURE,
         )
     _require(
         p.rollout_early_verdict_retries >= 0,
@@ -274,7 +271,7 @@ def check_rollout_temperature(p: Any) -> None:
         f"HyperParameters: pure_text_malt.rollout_temperature={temperature} is above "
         f"{DECODED_MAX_TEMPERATURE}, the range of a decoded reply; only a protocol whose reply is "
         f"drawn from candidates ({', '.join(CLOSED_REPLY_PROTOCOLS)}) may go to "
-        f"{CLOSED_REPLY_MAX_TEMPERATURE}, and {p.interaction_protocol!r} decodes",
+        f"{CANDIDATES_MAX_TEMPERATURE}, and {p.interaction_protocol!r} decodes",
     )
 
 
